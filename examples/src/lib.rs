@@ -1,0 +1,1 @@
+//! Example variants shared by the tutorial programs.

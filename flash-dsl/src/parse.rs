@@ -1,0 +1,1 @@
+//! Parsing with syn. (Owned by the front-end work.)

@@ -1,0 +1,1 @@
+//! Float64 CPU reference. (Owned by the plan/reference work.)

@@ -1,0 +1,319 @@
+//! The validated, span-free description of one attention variant.
+//!
+//! `VariantSpec` is what every later stage consumes: the planner, the CUDA emitter, the float64
+//! reference and the tiled emulation. It carries no `proc_macro2::Span` so it can be hashed,
+//! serialised and snapshot-tested; diagnostics are produced before it exists (see `validate`).
+//!
+//! Shorthands of the language (`causal`, `softcap(..)`, `alibi(..)`, …) are lowered into plain
+//! [`Expr`] trees during validation, so no later stage has to know they exist.
+
+use serde::{Deserialize, Serialize};
+
+/// Element type of Q, K, V and O. fp8 with block scales is a later addition; the enum is the
+/// place it goes, and every `match` on it will then say what still needs doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    F16,
+    Bf16,
+}
+
+impl DType {
+    /// Name used in the DSL and in generated kernel names.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        2
+    }
+}
+
+/// Element type of a user parameter (scalar or tensor element).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScalarTy {
+    I32,
+    F32,
+}
+
+impl ScalarTy {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarTy::I32 => "i32",
+            ScalarTy::F32 => "f32",
+        }
+    }
+    /// The expression type a value of this element type has inside mask/score expressions.
+    pub fn ty(self) -> Ty {
+        match self {
+            ScalarTy::I32 => Ty::Int,
+            ScalarTy::F32 => Ty::Float,
+        }
+    }
+}
+
+/// One dimension of a tensor parameter. `Batch`, `Heads` and `Seq` are sized at launch and may
+/// only be indexed by the matching index variable (`b`, `h`, `q`/`k`); `Fixed(n)` is sized in the
+/// declaration and takes any integer expression, clamped into `[0, n-1]` so that no index can
+/// read out of bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dim {
+    Batch,
+    Heads,
+    Seq,
+    Fixed(u32),
+}
+
+/// A declared runtime parameter. Runtime values never force a recompile: they travel in the
+/// kernel's argument struct.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ParamDecl {
+    pub name: String,
+    pub kind: ParamKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ParamKind {
+    Scalar(ScalarTy),
+    /// Row-major contiguous tensor with the given dimensions.
+    Tensor {
+        elem: ScalarTy,
+        dims: Vec<Dim>,
+    },
+}
+
+/// Type of an expression node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Ty {
+    Int,
+    Float,
+    Bool,
+}
+
+/// Built-in variables of mask and score expressions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Var {
+    /// Batch index.
+    B,
+    /// Query head index.
+    H,
+    /// Query position, `0..seq_q`.
+    Q,
+    /// Key position, `0..seq_k`.
+    K,
+    /// The (scaled) score `scale * q·k`; only in `score`.
+    S,
+    /// Number of query positions of this launch.
+    SeqQ,
+    /// Number of key positions of this launch.
+    SeqK,
+}
+
+impl Var {
+    pub fn ty(self) -> Ty {
+        match self {
+            Var::S => Ty::Float,
+            _ => Ty::Int,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnOp {
+    Neg,
+    Not,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    /// Always a float division (both sides promoted), as in Python's `/`.
+    Div,
+    /// Integer remainder; both sides must be integers.
+    Rem,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+    And,
+    Or,
+}
+
+/// Built-in functions. Shorthands (`softcap`, `alibi`, `clamp`) are lowered before this point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Func {
+    Exp,
+    Log,
+    Tanh,
+    Sigmoid,
+    Sqrt,
+    Abs,
+    Min,
+    Max,
+}
+
+impl Func {
+    pub fn arity(self) -> usize {
+        match self {
+            Func::Min | Func::Max => 2,
+            _ => 1,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Func::Exp => "exp",
+            Func::Log => "log",
+            Func::Tanh => "tanh",
+            Func::Sigmoid => "sigmoid",
+            Func::Sqrt => "sqrt",
+            Func::Abs => "abs",
+            Func::Min => "min",
+            Func::Max => "max",
+        }
+    }
+}
+
+/// A float literal stored by its bits so that `Expr` can derive `Eq` and `Hash` (plans are
+/// hashed into cache keys; two specs that plan alike must hash alike).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct F64Bits(pub u64);
+
+impl F64Bits {
+    pub fn new(v: f64) -> Self {
+        F64Bits(v.to_bits())
+    }
+    pub fn get(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+}
+
+impl std::fmt::Debug for F64Bits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.get())
+    }
+}
+
+/// A typed expression tree. Every node's type is known from its shape and children (see
+/// [`Expr::ty`]); validation guarantees the tree is well typed, so later stages never check.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Expr {
+    Int(i64),
+    Float(F64Bits),
+    Bool(bool),
+    Var(Var),
+    /// A scalar parameter, by index into `VariantSpec::params`.
+    Scalar(usize),
+    /// An element of a tensor parameter, by index into `VariantSpec::params`; one index
+    /// expression per dimension.
+    Index(usize, Vec<Expr>),
+    /// Integer to float conversion, inserted by validation wherever an int meets a float.
+    ToFloat(Box<Expr>),
+    Unary(UnOp, Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    Call(Func, Vec<Expr>),
+    /// `if c { a } else { b }`.
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+}
+
+impl Expr {
+    pub fn float(v: f64) -> Expr {
+        Expr::Float(F64Bits::new(v))
+    }
+    pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+        Expr::Binary(op, Box::new(a), Box::new(b))
+    }
+
+    /// Type of this (already validated) expression.
+    pub fn ty(&self, params: &[ParamDecl]) -> Ty {
+        match self {
+            Expr::Int(_) => Ty::Int,
+            Expr::Float(_) | Expr::ToFloat(_) => Ty::Float,
+            Expr::Bool(_) => Ty::Bool,
+            Expr::Var(v) => v.ty(),
+            Expr::Scalar(i) | Expr::Index(i, _) => match &params[*i].kind {
+                ParamKind::Scalar(t) => t.ty(),
+                ParamKind::Tensor { elem, .. } => elem.ty(),
+            },
+            Expr::Unary(UnOp::Not, _) => Ty::Bool,
+            Expr::Unary(UnOp::Neg, a) => a.ty(params),
+            Expr::Binary(op, a, _) => match op {
+                BinOp::Div => Ty::Float,
+                BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Rem => a.ty(params),
+                _ => Ty::Bool,
+            },
+            Expr::Call(f, args) => match f {
+                Func::Min | Func::Max | Func::Abs => args[0].ty(params),
+                _ => Ty::Float,
+            },
+            Expr::Select(_, a, _) => a.ty(params),
+        }
+    }
+
+    /// Whether the expression mentions `var` anywhere.
+    pub fn uses_var(&self, var: Var) -> bool {
+        let mut found = false;
+        self.visit(&mut |e| found |= matches!(e, Expr::Var(v) if *v == var));
+        found
+    }
+
+    /// Pre-order walk over every node.
+    pub fn visit(&self, f: &mut dyn FnMut(&Expr)) {
+        f(self);
+        match self {
+            Expr::Index(_, xs) | Expr::Call(_, xs) => xs.iter().for_each(|x| x.visit(f)),
+            Expr::ToFloat(a) | Expr::Unary(_, a) => a.visit(f),
+            Expr::Binary(_, a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Select(c, a, b) => {
+                c.visit(f);
+                a.visit(f);
+                b.visit(f);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A validated attention variant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VariantSpec {
+    /// The declared name, a Rust identifier (`GemmaLocal`).
+    pub name: String,
+    /// The doc comment of the declaration, if any.
+    pub doc: String,
+    /// Head dimension of Q and K.
+    pub head_dim_qk: u32,
+    /// Head dimension of V and O (defaults to `head_dim_qk`).
+    pub head_dim_v: u32,
+    pub dtype: DType,
+    /// Softmax scale; `None` means `1/sqrt(head_dim_qk)`.
+    pub scale: Option<F64Bits>,
+    pub params: Vec<ParamDecl>,
+    /// Boolean mask expression; `None` means every key is visible.
+    pub mask: Option<Expr>,
+    /// Score modification of `s`; `None` means the identity.
+    pub score: Option<Expr>,
+}
+
+impl VariantSpec {
+    /// The softmax scale this variant uses.
+    pub fn softmax_scale(&self) -> f64 {
+        match self.scale {
+            Some(s) => s.get(),
+            None => 1.0 / (self.head_dim_qk as f64).sqrt(),
+        }
+    }
+
+    /// Index of the parameter called `name`.
+    pub fn param_index(&self, name: &str) -> Option<usize> {
+        self.params.iter().position(|p| p.name == name)
+    }
+}

@@ -1,0 +1,1 @@
+//! Validation into `VariantSpec`. (Owned by the front-end work.)

@@ -1,0 +1,1 @@
+//! The `attention!` macro. (Owned by the front-end work.)
