@@ -1,1 +1,215 @@
-//! The `attention!` macro. (Owned by the front-end work.)
+//! The `attention!` macro: a thin shim over `flash-dsl`.
+//!
+//! It parses and validates the declarations with the same code the CLI uses for `.flash`
+//! files, and emits only Rust: a unit struct per variant, its typed params struct and the
+//! `flash_runtime::Variant` impl. It never generates CUDA; the runtime re-parses
+//! `Variant::SOURCE` and runs the generator itself.
+
+use flash_dsl::ast::Decl;
+use flash_dsl::diag::Report;
+use flash_dsl::spec::{ParamKind, ScalarTy, VariantSpec};
+use flash_dsl::validate::validate_reports;
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+
+/// Declare attention variants.
+///
+/// ```ignore
+/// flash_macros::attention! {
+///     /// Gemma-2 local layers.
+///     pub GemmaLocal {
+///         head_dim: 128,
+///         dtype: bf16,
+///         params: { cap: f32 },
+///         mask: window(4096),
+///         score: softcap(s, cap),
+///     }
+/// }
+/// ```
+///
+/// For each declaration `Name` this emits:
+/// - `struct Name;` (unit, `Debug + Clone + Copy + Default`) carrying the doc comment;
+/// - `struct NameParams<'a>` with one public field per declared parameter, in order: tensors as
+///   `&'a CudaSlice<f32 | i32>`, scalars as `f32`/`i32`, plus a public `_marker: PhantomData`;
+///   `NameParams::new(..)` takes the parameters in declaration order and fills the marker;
+/// - `impl flash_runtime::Variant for Name`.
+///
+/// Visibility follows the declaration (`pub Name` or private `Name`). Every error of every
+/// declaration is reported at once, at the offending tokens; the unit structs are still emitted
+/// so that the rest of the crate (and the IDE) keeps resolving the names.
+#[proc_macro]
+pub fn attention(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
+    expand(input.into()).into()
+}
+
+fn expand(input: TokenStream) -> TokenStream {
+    let decls = match flash_dsl::parse::parse_tokens(input) {
+        Ok(d) => d,
+        Err(e) => return e.to_compile_error(),
+    };
+    let mut out = TokenStream::new();
+    let mut errors: Option<syn::Error> = None;
+    let mut seen = std::collections::HashSet::new();
+    for decl in &decls {
+        if !seen.insert(decl.name.to_string()) {
+            push_error(
+                &mut errors,
+                &Report::at(
+                    decl.name.span(),
+                    format!("duplicate variant name `{}`", decl.name),
+                ),
+            );
+            continue;
+        }
+        match validate_reports(decl) {
+            Ok(spec) => out.extend(emit(decl, &spec)),
+            Err(reports) => {
+                for r in &reports {
+                    push_error(&mut errors, r);
+                }
+                out.extend(emit_unit_struct(decl));
+            }
+        }
+    }
+    if let Some(e) = errors {
+        out.extend(e.to_compile_error());
+    }
+    out
+}
+
+/// Add a report as a `syn::Error` spanning from its first to its last token.
+fn push_error(acc: &mut Option<syn::Error>, r: &Report) {
+    let mut first = Ident::new("x", r.span());
+    let last = {
+        let mut i = Ident::new("x", r.end);
+        i.set_span(r.end);
+        i
+    };
+    first.set_span(r.span());
+    let err = syn::Error::new_spanned(quote!(#first #last), r.message());
+    match acc {
+        Some(a) => a.combine(err),
+        None => *acc = Some(err),
+    }
+}
+
+fn vis(decl: &Decl) -> TokenStream {
+    match &decl.vis {
+        Some(p) => quote!(#p),
+        None => TokenStream::new(),
+    }
+}
+
+fn doc_attrs(decl: &Decl) -> TokenStream {
+    let attrs = &decl.attrs;
+    quote!(#(#attrs)*)
+}
+
+fn emit_unit_struct(decl: &Decl) -> TokenStream {
+    let vis = vis(decl);
+    let name = &decl.name;
+    let docs = if decl.attrs.iter().all(|a| flash_dsl::ast::doc_text(a).is_some()) {
+        doc_attrs(decl)
+    } else {
+        TokenStream::new()
+    };
+    quote! {
+        #docs
+        #[derive(Debug, Clone, Copy, Default)]
+        #vis struct #name;
+    }
+}
+
+fn emit(decl: &Decl, spec: &VariantSpec) -> TokenStream {
+    let vis = vis(decl);
+    let name = &decl.name;
+    let name_str = name.to_string();
+    let source = decl.tokens.to_string();
+    let params_ty = format_ident!("{}Params", name);
+    let unit = emit_unit_struct(decl);
+    let rt = quote!(::flash_runtime);
+    let slice = quote!(#rt::cudarc::driver::CudaSlice);
+
+    let mut fields = Vec::new();
+    let mut ctor_args = Vec::new();
+    let mut field_names = Vec::new();
+    let mut args = Vec::new();
+    for p in &spec.params {
+        let f = Ident::new(&p.name, Span::call_site());
+        let (ty, arg, desc) = match &p.kind {
+            ParamKind::Scalar(ScalarTy::F32) => {
+                (quote!(f32), quote!(#rt::ParamArg::F32(params.#f)), "f32".to_string())
+            }
+            ParamKind::Scalar(ScalarTy::I32) => {
+                (quote!(i32), quote!(#rt::ParamArg::I32(params.#f)), "i32".to_string())
+            }
+            ParamKind::Tensor { elem, dims } => {
+                let dims: Vec<String> = dims
+                    .iter()
+                    .map(|d| match d {
+                        flash_dsl::spec::Dim::Batch => "batch".to_string(),
+                        flash_dsl::spec::Dim::Heads => "heads".to_string(),
+                        flash_dsl::spec::Dim::Seq => "seq".to_string(),
+                        flash_dsl::spec::Dim::Fixed(n) => n.to_string(),
+                    })
+                    .collect();
+                let desc = format!("[{}; {}], row-major", elem.name(), dims.join(", "));
+                match elem {
+                    ScalarTy::F32 => (
+                        quote!(&'a #slice<f32>),
+                        quote!(#rt::ParamArg::tensor_f32(params.#f, stream)),
+                        desc,
+                    ),
+                    ScalarTy::I32 => (
+                        quote!(&'a #slice<i32>),
+                        quote!(#rt::ParamArg::tensor_i32(params.#f, stream)),
+                        desc,
+                    ),
+                }
+            }
+        };
+        let doc = format!("Parameter `{}`: {desc}.", p.name);
+        fields.push(quote!(#[doc = #doc] pub #f: #ty,));
+        ctor_args.push(quote!(#f: #ty));
+        field_names.push(f);
+        args.push(arg);
+    }
+    let params_doc = format!("Runtime parameters of [`{name_str}`], in declaration order.");
+    let new_doc = format!("The parameters of [`{name_str}`], in declaration order.");
+    let span = name.span();
+    let impl_block = quote_spanned! {span=>
+        impl #rt::Variant for #name {
+            const NAME: &'static str = #name_str;
+            const SOURCE: &'static str = #source;
+            type Params<'a> = #params_ty<'a>;
+            fn param_args<'a>(
+                params: &Self::Params<'a>,
+                stream: &#rt::cudarc::driver::CudaStream,
+            ) -> ::std::vec::Vec<#rt::ParamArg<'a>> {
+                let _ = (&params, &stream);
+                ::std::vec![#(#args),*]
+            }
+        }
+    };
+    quote! {
+        #unit
+
+        #[doc = #params_doc]
+        #[derive(Clone, Copy)]
+        #vis struct #params_ty<'a> {
+            #(#fields)*
+            /// Ties the struct to `'a` even without tensor parameters; `PhantomData`.
+            pub _marker: ::core::marker::PhantomData<&'a ()>,
+        }
+
+        impl<'a> #params_ty<'a> {
+            #[doc = #new_doc]
+            #[allow(clippy::too_many_arguments)]
+            pub fn new(#(#ctor_args),*) -> Self {
+                Self { #(#field_names,)* _marker: ::core::marker::PhantomData }
+            }
+        }
+
+        #impl_block
+    }
+}
