@@ -1,5 +1,14 @@
 //! flash-runtime: compile generated kernels with NVRTC, cache them, launch them through cudarc.
 
+pub mod cache;
+pub mod cli;
+pub mod compile;
+pub mod error;
+pub mod libs;
 pub mod variant;
 
+pub use cache::{CacheOutcome, KernelCache};
+pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resources};
+pub use error::FlashError;
+pub use cudarc;
 pub use variant::{ParamArg, Variant};

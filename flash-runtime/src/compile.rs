@@ -1,0 +1,370 @@
+//! CUDA source → CUBIN with NVRTC, and what ptxas says about the result.
+//!
+//! Options are fixed except the architecture and caller extras: `-std=c++17`,
+//! `-default-device`, and `-Xptxas -v` so that the log carries register, shared-memory, stack
+//! and spill figures, parsed into [`Resources`]. Fast math is deliberately *not* enabled:
+//! attention numerics are compared against an IEEE reference, and a kernel that wants an
+//! approximate intrinsic (`ex2.approx`, `__expf`) spells it out in its source.
+
+use std::ffi::{c_char, CString};
+use std::path::Path;
+use std::time::Instant;
+
+use cudarc::nvrtc::sys;
+use flash_dsl::CudaSource;
+use serde::{Deserialize, Serialize};
+
+use crate::error::FlashError;
+use crate::libs;
+
+/// NVRTC options that vary between compiles. Derives `Hash` so it can sit inside cache keys.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CompileOptions {
+    /// `sm_80`, `sm_90`, `sm_90a`, … (CUBIN is generated for exactly this architecture).
+    pub arch: String,
+    /// Extra NVRTC options, appended after the fixed ones.
+    pub extra: Vec<String>,
+}
+
+impl CompileOptions {
+    pub fn new(arch: impl Into<String>) -> Self {
+        CompileOptions { arch: arch.into(), extra: Vec::new() }
+    }
+
+    /// The complete NVRTC option list for this compile, in order.
+    pub fn nvrtc_args(&self) -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            format!("--gpu-architecture={}", self.arch),
+            "-std=c++17".into(),
+            "-default-device".into(),
+            // One `-Xptxas` per ptxas option.
+            "-Xptxas".into(),
+            "-v".into(),
+        ];
+        v.extend(self.extra.iter().cloned());
+        v
+    }
+
+    fn validate(&self) -> Result<(), FlashError> {
+        let ok = self.arch.strip_prefix("sm_").is_some_and(|r| {
+            let digits = r.trim_end_matches(['a', 'f']);
+            !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(FlashError::Invalid(format!(
+                "architecture must look like `sm_80` or `sm_90a`; got `{}`",
+                self.arch
+            )))
+        }
+    }
+}
+
+/// What ptxas reported for the kernel (the entry point; device functions are inlined).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Resources {
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Bytes of per-thread stack frame.
+    pub stack_frame: u32,
+    /// Statically declared shared memory in bytes (dynamic shared memory is not included).
+    pub smem_static: u32,
+}
+
+impl Resources {
+    /// Parses the `ptxas info` lines of an NVRTC log. Where the log holds several functions, the
+    /// figures of `kernel` are taken when its name appears, else the maxima over all functions.
+    pub fn parse_log(log: &str, kernel: &str) -> Resources {
+        // ptxas prints, per function:
+        //   ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90a'
+        //   ptxas info    : Function properties for _Z3fooPf
+        //       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        //   ptxas info    : Used 128 registers, used 1 barriers, 8192 bytes smem, 304 bytes cmem[0]
+        let mut per_fn: Vec<(String, Resources)> = Vec::new();
+        let mut current = String::new();
+        for line in log.lines() {
+            let l = line.trim();
+            if let Some(rest) = l.split("Compiling entry function '").nth(1) {
+                current = rest.split('\'').next().unwrap_or("").to_string();
+                per_fn.push((current.clone(), Resources::default()));
+                continue;
+            }
+            if let Some(rest) = l.split("Function properties for ").nth(1) {
+                current = rest.trim().to_string();
+                if !per_fn.iter().any(|(n, _)| *n == current) {
+                    per_fn.push((current.clone(), Resources::default()));
+                }
+                continue;
+            }
+            let is_props = l.contains("bytes stack frame") || l.contains("Used ");
+            if !is_props {
+                continue;
+            }
+            if per_fn.is_empty() {
+                per_fn.push((current.clone(), Resources::default()));
+            }
+            let idx = per_fn.iter().rposition(|(n, _)| *n == current).unwrap_or(per_fn.len() - 1);
+            let r = &mut per_fn[idx].1;
+            for part in l.trim_start_matches("ptxas info    :").split(',') {
+                let words: Vec<&str> = part.split_whitespace().collect();
+                let num = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+                match words.as_slice() {
+                    ["Used", _, "registers", ..] => r.registers = num(1).unwrap_or(0),
+                    [_, "bytes", "stack", "frame"] => r.stack_frame = num(0).unwrap_or(0),
+                    [_, "bytes", "spill", "stores"] => r.spill_stores = num(0).unwrap_or(0),
+                    [_, "bytes", "spill", "loads"] => r.spill_loads = num(0).unwrap_or(0),
+                    [_, "bytes", "smem"] => r.smem_static = num(0).unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+        if let Some((_, r)) = per_fn.iter().find(|(n, _)| n == kernel || n.contains(kernel)) {
+            return *r;
+        }
+        per_fn.iter().fold(Resources::default(), |a, (_, r)| Resources {
+            registers: a.registers.max(r.registers),
+            spill_stores: a.spill_stores.max(r.spill_stores),
+            spill_loads: a.spill_loads.max(r.spill_loads),
+            stack_frame: a.stack_frame.max(r.stack_frame),
+            smem_static: a.smem_static.max(r.smem_static),
+        })
+    }
+
+    /// Whether ptxas had to spill registers to local memory.
+    pub fn spills(&self) -> bool {
+        self.spill_stores > 0 || self.spill_loads > 0
+    }
+}
+
+/// A compiled kernel: CUBIN for one architecture plus what the compile said about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompiledKernel {
+    /// The entry point (an `extern "C"` name).
+    pub kernel_name: String,
+    /// The CUBIN image (kept out of the JSON metadata of cache entries).
+    #[serde(skip)]
+    pub cubin: Vec<u8>,
+    /// NVRTC's log of the compile (ptxas `-v` lines included).
+    pub log: String,
+    pub resources: Resources,
+    /// Wall time of the NVRTC compile, in milliseconds.
+    pub compile_ms: f64,
+    pub arch: String,
+}
+
+/// NVRTC's version `(major, minor)`; loads NVRTC first if needed.
+pub fn nvrtc_version() -> Result<(i32, i32), FlashError> {
+    libs::ensure_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (ensure_nvrtc); both pointers are valid for writes.
+    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    check(r, "nvrtcVersion")?;
+    Ok((major, minor))
+}
+
+fn error_string(r: sys::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a static C string for any result code.
+    let p = unsafe { sys::nvrtcGetErrorString(r) };
+    if p.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null, NUL-terminated, static.
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+fn check(r: sys::nvrtcResult, what: &str) -> Result<(), FlashError> {
+    if r == sys::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(FlashError::Nvrtc(format!("{what} failed: {}", error_string(r))))
+    }
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString, FlashError> {
+    CString::new(s).map_err(|_| FlashError::Invalid(format!("{what} contains a NUL byte")))
+}
+
+/// An NVRTC program, destroyed on drop.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from a successful nvrtcCreateProgram and is destroyed once.
+        unsafe {
+            let _ = sys::nvrtcDestroyProgram(&mut self.0);
+        }
+    }
+}
+
+impl Program {
+    fn log(&self) -> String {
+        let mut size = 0usize;
+        // SAFETY: valid program handle; `size` is writable.
+        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut size) } != sys::nvrtcResult::NVRTC_SUCCESS
+        {
+            return String::new();
+        }
+        let mut buf = vec![0u8; size.max(1)];
+        // SAFETY: `buf` holds the `size` bytes NVRTC reported.
+        if unsafe { sys::nvrtcGetProgramLog(self.0, buf.as_mut_ptr() as *mut c_char) }
+            != sys::nvrtcResult::NVRTC_SUCCESS
+        {
+            return String::new();
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+
+    fn cubin(&self) -> Result<Vec<u8>, FlashError> {
+        let mut size = 0usize;
+        // SAFETY: valid, compiled program handle.
+        check(unsafe { sys::nvrtcGetCUBINSize(self.0, &mut size) }, "nvrtcGetCUBINSize")?;
+        if size == 0 {
+            return Err(FlashError::Nvrtc(
+                "nvrtc produced no CUBIN (was a virtual `compute_XX` architecture given?)".into(),
+            ));
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds exactly the reported CUBIN size.
+        check(unsafe { sys::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char) }, "nvrtcGetCUBIN")?;
+        Ok(buf)
+    }
+}
+
+/// Compiles `src` for `opts.arch` without any cache, logging one `tracing` line with
+/// `cache = "off"`. Errors: [`FlashError::LibraryNotFound`] without NVRTC,
+/// [`FlashError::Compile`] (with NVRTC's whole log) when the source does not compile.
+pub fn compile(src: &CudaSource, opts: &CompileOptions) -> Result<CompiledKernel, FlashError> {
+    let k = compile_uncached(src, opts)?;
+    tracing::info!(variant = %k.kernel_name, arch = %k.arch, ms = k.compile_ms, cache = "off", "compiled");
+    Ok(k)
+}
+
+/// The compile itself; the cache logs its own line with the hit/miss outcome.
+pub(crate) fn compile_uncached(
+    src: &CudaSource,
+    opts: &CompileOptions,
+) -> Result<CompiledKernel, FlashError> {
+    opts.validate()?;
+    libs::ensure_nvrtc()?;
+    let dump = std::env::var_os("FLASH_DUMP_DIR").filter(|v| !v.is_empty());
+    if let Some(dir) = &dump {
+        dump_sources(Path::new(dir), src);
+    }
+
+    let start = Instant::now();
+    let source = cstring(&src.source, "the kernel source")?;
+    let prog_name = cstring(&format!("{}.cu", src.kernel_name), "the kernel name")?;
+    let mut header_srcs = Vec::with_capacity(src.headers.len());
+    let mut header_names = Vec::with_capacity(src.headers.len());
+    for (name, contents) in &src.headers {
+        header_names.push(cstring(name, "a header name")?);
+        header_srcs.push(cstring(contents, "a header")?);
+    }
+    let header_src_ptrs: Vec<*const c_char> = header_srcs.iter().map(|c| c.as_ptr()).collect();
+    let header_name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
+
+    let mut raw: sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a NUL-terminated string alive until after the program
+    // is destroyed (they live to the end of this function; `Program` drops first, declared later);
+    // the header arrays both have `headers.len()` entries.
+    let r = unsafe {
+        sys::nvrtcCreateProgram(
+            &mut raw,
+            source.as_ptr(),
+            prog_name.as_ptr(),
+            header_srcs.len() as i32,
+            if header_srcs.is_empty() { std::ptr::null() } else { header_src_ptrs.as_ptr() },
+            if header_names.is_empty() { std::ptr::null() } else { header_name_ptrs.as_ptr() },
+        )
+    };
+    check(r, "nvrtcCreateProgram")?;
+    let prog = Program(raw);
+
+    let args = opts.nvrtc_args();
+    let cargs: Vec<CString> =
+        args.iter().map(|a| cstring(a, "a compile option")).collect::<Result<_, _>>()?;
+    let arg_ptrs: Vec<*const c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+    // SAFETY: valid program; `arg_ptrs` has `cargs.len()` valid C strings alive for the call.
+    let r = unsafe { sys::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
+    let log = prog.log();
+    if let Some(dir) = &dump {
+        let _ = std::fs::write(Path::new(dir).join(format!("{}.{}.log", src.kernel_name, opts.arch)), &log);
+    }
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        let log = if log.trim().is_empty() { error_string(r) } else { format!("{}\n{log}", error_string(r)) };
+        return Err(FlashError::Compile { kernel: src.kernel_name.clone(), log });
+    }
+    let cubin = prog.cubin()?;
+    drop(prog);
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    let resources = Resources::parse_log(&log, &src.kernel_name);
+    Ok(CompiledKernel {
+        kernel_name: src.kernel_name.clone(),
+        cubin,
+        log,
+        resources,
+        compile_ms,
+        arch: opts.arch.clone(),
+    })
+}
+
+/// Writes the translation unit and its headers under `dir` (best effort: a failure to dump
+/// is warned about, never fatal).
+fn dump_sources(dir: &Path, src: &CudaSource) {
+    let write = |name: &str, contents: &str| {
+        let safe: String =
+            name.chars().map(|c| if c == '/' || c == '\\' { '_' } else { c }).collect();
+        let path = dir.join(safe);
+        if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, contents)) {
+            tracing::warn!(path = %path.display(), error = %e, "FLASH_DUMP_DIR: could not write");
+        }
+    };
+    write(&format!("{}.cu", src.kernel_name), &src.source);
+    for (name, contents) in &src.headers {
+        write(name, contents);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_lines() {
+        let log = "\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'helper' for 'sm_90a'
+ptxas info    : Function properties for helper
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers, 360 bytes cmem[0]
+ptxas info    : Compiling entry function 'flash_fwd' for 'sm_90a'
+ptxas info    : Function properties for flash_fwd
+    16 bytes stack frame, 24 bytes spill stores, 20 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 304 bytes cmem[0]
+";
+        let r = Resources::parse_log(log, "flash_fwd");
+        assert_eq!(
+            r,
+            Resources { registers: 255, spill_stores: 24, spill_loads: 20, stack_frame: 16, smem_static: 8192 }
+        );
+        assert!(r.spills());
+        let h = Resources::parse_log(log, "helper");
+        assert_eq!(h.registers, 40);
+        assert_eq!(h.stack_frame, 8);
+        let unknown = Resources::parse_log(log, "nope");
+        assert_eq!(unknown.registers, 255);
+    }
+
+    #[test]
+    fn rejects_bad_arch() {
+        assert!(CompileOptions::new("sm_90a").validate().is_ok());
+        assert!(CompileOptions::new("sm_80").validate().is_ok());
+        assert!(CompileOptions::new("sm_100f").validate().is_ok());
+        assert!(CompileOptions::new("compute_90").validate().is_err());
+        assert!(CompileOptions::new("sm_").validate().is_err());
+    }
+}

@@ -1,0 +1,79 @@
+//! The one error type of the runtime.
+//!
+//! Every failure a user can cause or meet (a missing library, a kernel NVRTC rejects, an
+//! unreadable cache) is a value of [`FlashError`]; the runtime never panics on them. Messages are
+//! lower case and say what was looked for and where, so that they can be acted on without a
+//! debugger.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Errors of the flash runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlashError {
+    /// A CUDA library (`nvrtc`, `cuda`) could not be found or loaded.
+    #[error("{}", render_not_found(lib, searched, hint))]
+    LibraryNotFound {
+        /// The library's short name (`nvrtc`, `cuda`).
+        lib: String,
+        /// Every path that was tried, in order (bare names for the dynamic loader's own search).
+        searched: Vec<PathBuf>,
+        /// What to do about it.
+        hint: String,
+    },
+
+    /// NVRTC rejected a kernel; `log` is NVRTC's whole log.
+    #[error("nvrtc failed to compile kernel `{kernel}`:\n{log}")]
+    Compile { kernel: String, log: String },
+
+    /// An NVRTC call other than the compilation itself failed.
+    #[error("nvrtc: {0}")]
+    Nvrtc(String),
+
+    /// A CUDA driver call failed.
+    #[error("cuda driver: {0}")]
+    Driver(String),
+
+    /// A file system operation failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A `.flash` file or declaration did not parse or validate; the message holds the rendered
+    /// diagnostics.
+    #[error("{0}")]
+    Parse(String),
+
+    /// The planner rejected a variant/configuration pair.
+    #[error("cannot plan `{variant}`: {message}")]
+    Plan { variant: String, message: String },
+
+    /// A caller passed something the runtime cannot use.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl FlashError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        FlashError::Io { op, path: path.into(), source }
+    }
+}
+
+fn render_not_found(lib: &str, searched: &[PathBuf], hint: &str) -> String {
+    let mut s = format!("could not find the `{lib}` library; looked for:");
+    for p in searched {
+        let _ = write!(s, "\n  {}", p.display());
+    }
+    if !hint.is_empty() {
+        let _ = write!(s, "\n{hint}");
+    }
+    s
+}
+
+/// Result alias of the runtime.
+pub type Result<T, E = FlashError> = std::result::Result<T, E>;
