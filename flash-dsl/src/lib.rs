@@ -14,6 +14,7 @@ pub mod ast;
 pub mod diag;
 pub mod emit;
 pub mod emulate;
+pub mod eval;
 pub mod parse;
 pub mod plan;
 pub mod reference;

@@ -5,9 +5,12 @@
 //! from its corners) and opaque parts (evaluated per element), the score expression, and the byte
 //! layout of the kernel's argument struct. Two specs that plan identically emit identical source.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Expr, VariantSpec};
+use crate::eval::{ParamValue, ParamValues};
+use crate::spec::{BinOp, Expr, ParamKind, ScalarTy, Ty, UnOp, Var, VariantSpec};
 
 /// Tile shape and launch shape of the forward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,7 +116,705 @@ pub struct KernelPlan {
     pub kernel_name: String,
 }
 
+impl KernelPlan {
+    /// Threads per block: one warp is 32 threads.
+    pub fn threads(&self) -> u32 {
+        self.config.warps * 32
+    }
+
+    /// Number of query tiles (thread blocks per batch·head) for `seq_q` queries.
+    pub fn query_tiles(&self, seq_q: usize) -> usize {
+        seq_q.div_ceil(self.config.block_m as usize)
+    }
+
+    /// Number of key tiles for `seq_k` keys.
+    pub fn key_tiles(&self, seq_k: usize) -> usize {
+        seq_k.div_ceil(self.config.block_n as usize)
+    }
+}
+
+/// Why a spec cannot be planned with a configuration. Messages are lower case and name the
+/// offending value and the limit it broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("warps must be 4 or 8; got {0}")]
+    Warps(u32),
+    #[error(
+        "each warp must own 16 or 32 query rows (block_m / warps); got block_m {block_m} / warps {warps}"
+    )]
+    RowsPerWarp { block_m: u32, warps: u32 },
+    #[error("block_n must be 32, 64 or 128; got {0}")]
+    BlockN(u32),
+    #[error("stages must be 1, 2 or 3; got {0}")]
+    Stages(u32),
+    #[error("{which} must be a positive multiple of 8 and at most 256; got {value}")]
+    HeadDim { which: &'static str, value: u32 },
+    #[error("the tiles need {bytes} bytes of shared memory; the limit is {limit}")]
+    SharedMemory { bytes: u32, limit: u32 },
+}
+
+/// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
+pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
+
+/// The default tile configuration for a spec, by its larger head dim.
+pub fn default_config(spec: &VariantSpec) -> TileConfig {
+    let d = spec.head_dim_qk.max(spec.head_dim_v);
+    // Up to 128 the Q tile and two K/V stages fit comfortably (96 KiB at d = 128); at 256 the
+    // accumulator of 128 rows would spill, so the tile halves and prefetch goes.
+    let (block_m, block_n, warps, stages) = match d {
+        0..=128 => (128, 64, 4, 2),
+        _ => (64, 64, 4, 1),
+    };
+    TileConfig {
+        block_m,
+        block_n,
+        warps,
+        stages,
+    }
+}
+
+/// Checks that the kernel skeleton supports `cfg` for `spec`'s head dims.
+pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    for (which, value) in [
+        ("head_dim_qk", spec.head_dim_qk),
+        ("head_dim_v", spec.head_dim_v),
+    ] {
+        if value == 0 || value % 8 != 0 || value > 256 {
+            return Err(PlanError::HeadDim { which, value });
+        }
+    }
+    if !matches!(cfg.warps, 4 | 8) {
+        return Err(PlanError::Warps(cfg.warps));
+    }
+    let rows_per_warp = cfg.block_m / cfg.warps;
+    if rows_per_warp * cfg.warps != cfg.block_m || !matches!(rows_per_warp, 16 | 32) {
+        return Err(PlanError::RowsPerWarp {
+            block_m: cfg.block_m,
+            warps: cfg.warps,
+        });
+    }
+    if !matches!(cfg.block_n, 32 | 64 | 128) {
+        return Err(PlanError::BlockN(cfg.block_n));
+    }
+    if !matches!(cfg.stages, 1..=3) {
+        return Err(PlanError::Stages(cfg.stages));
+    }
+    let bytes = smem_bytes(spec, cfg);
+    if bytes > MAX_SMEM_BYTES {
+        return Err(PlanError::SharedMemory {
+            bytes,
+            limit: MAX_SMEM_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Rounds a head dim up to a whole number of 128-byte (64 half-precision) swizzled rows.
+fn pad64(d: u32) -> u32 {
+    d.div_ceil(64) * 64
+}
+
+/// Shared memory of the forward kernel: the Q tile plus `stages` K and V tiles, 2 bytes per
+/// element, rows padded to 64 elements for the 128-byte swizzle.
+pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
+    2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
+}
+
+/// Byte layout of the argument struct: the fixed header, then each param in declaration order
+/// (tensors as 8-byte pointers aligned to 8, scalars as 4 bytes aligned to 4), the total rounded
+/// up to 8 (the struct's alignment).
+pub fn param_layout(spec: &VariantSpec) -> ParamLayout {
+    let mut offset = crate::args::HEADER_SIZE;
+    let mut slots = Vec::with_capacity(spec.params.len());
+    for (param, decl) in spec.params.iter().enumerate() {
+        let size = match decl.kind {
+            ParamKind::Tensor { .. } => 8,
+            ParamKind::Scalar(_) => 4,
+        };
+        offset = offset.next_multiple_of(size);
+        slots.push(ParamSlot {
+            param,
+            offset,
+            size,
+        });
+        offset += size;
+    }
+    ParamLayout {
+        slots,
+        total_size: offset.next_multiple_of(8),
+    }
+}
+
+/// `flash_fwd_<name>_<dtype>_d<dqk>x<dv>_m<bm>n<bn>w<w>s<st>`, restricted to `[a-z0-9_]`.
+pub fn kernel_name(spec: &VariantSpec, cfg: &TileConfig) -> String {
+    let raw = format!(
+        "flash_fwd_{}_{}_d{}x{}_m{}n{}w{}s{}",
+        spec.name.to_lowercase(),
+        spec.dtype.name(),
+        spec.head_dim_qk,
+        spec.head_dim_v,
+        cfg.block_m,
+        cfg.block_n,
+        cfg.warps,
+        cfg.stages
+    );
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Plans `spec` with `config` (or the default configuration for its head dim).
-pub fn plan(_spec: &VariantSpec, _config: Option<TileConfig>) -> Result<KernelPlan, String> {
-    todo!("plan")
+pub fn plan(spec: &VariantSpec, config: Option<TileConfig>) -> Result<KernelPlan, PlanError> {
+    let config = config.unwrap_or_else(|| default_config(spec));
+    config_is_valid(spec, &config)?;
+    Ok(KernelPlan {
+        spec: spec.clone(),
+        config,
+        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
+        smem_bytes: smem_bytes(spec, &config),
+        params: param_layout(spec),
+        kernel_name: kernel_name(spec, &config),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mask analysis
+// ---------------------------------------------------------------------------------------------
+
+/// A factor of a tile-constant monomial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Base {
+    SeqQ,
+    SeqK,
+    B,
+    H,
+    /// An integer scalar parameter.
+    Param(usize),
+}
+
+impl Base {
+    fn expr(self) -> Expr {
+        match self {
+            Base::SeqQ => Expr::Var(Var::SeqQ),
+            Base::SeqK => Expr::Var(Var::SeqK),
+            Base::B => Expr::Var(Var::B),
+            Base::H => Expr::Var(Var::H),
+            Base::Param(i) => Expr::Scalar(i),
+        }
+    }
+}
+
+/// A polynomial in tile constants with integer coefficients: sorted monomial → coefficient,
+/// zero coefficients removed, the empty monomial being the constant term. Its canonical form
+/// makes equal offsets compare equal, so atoms deduplicate.
+type Poly = BTreeMap<Vec<Base>, i64>;
+
+/// `cq·q + ck·k + off`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Linear {
+    cq: i64,
+    ck: i64,
+    off: Poly,
+}
+
+impl Linear {
+    fn constant(c: i64) -> Self {
+        let mut off = Poly::new();
+        if c != 0 {
+            off.insert(Vec::new(), c);
+        }
+        Linear { cq: 0, ck: 0, off }
+    }
+    fn base(b: Base) -> Self {
+        Linear {
+            cq: 0,
+            ck: 0,
+            off: Poly::from([(vec![b], 1)]),
+        }
+    }
+    fn is_tile_constant(&self) -> bool {
+        self.cq == 0 && self.ck == 0
+    }
+    /// The value if this is a plain integer.
+    fn as_literal(&self) -> Option<i64> {
+        if !self.is_tile_constant() {
+            return None;
+        }
+        match self.off.len() {
+            0 => Some(0),
+            1 => self.off.get(&Vec::new()).copied(),
+            _ => None,
+        }
+    }
+    fn scale(&self, c: i64) -> Option<Self> {
+        let mut off = Poly::new();
+        for (m, v) in &self.off {
+            let v = v.checked_mul(c)?;
+            if v != 0 {
+                off.insert(m.clone(), v);
+            }
+        }
+        Some(Linear {
+            cq: self.cq.checked_mul(c)?,
+            ck: self.ck.checked_mul(c)?,
+            off,
+        })
+    }
+    fn add(&self, other: &Self) -> Option<Self> {
+        let mut off = self.off.clone();
+        for (m, v) in &other.off {
+            let e = off.entry(m.clone()).or_insert(0);
+            *e = e.checked_add(*v)?;
+            if *e == 0 {
+                off.remove(m);
+            }
+        }
+        Some(Linear {
+            cq: self.cq.checked_add(other.cq)?,
+            ck: self.ck.checked_add(other.ck)?,
+            off,
+        })
+    }
+    /// Product of two tile-constant polynomials.
+    fn mul_constants(&self, other: &Self) -> Option<Self> {
+        let mut off = Poly::new();
+        for (ma, va) in &self.off {
+            for (mb, vb) in &other.off {
+                let mut m: Vec<Base> = ma.iter().chain(mb).copied().collect();
+                m.sort();
+                let e = off.entry(m.clone()).or_insert(0);
+                *e = e.checked_add(va.checked_mul(*vb)?)?;
+                if *e == 0 {
+                    off.remove(&m);
+                }
+            }
+        }
+        Some(Linear { cq: 0, ck: 0, off })
+    }
+    /// The first nonzero of `(cq, ck, offset coefficients…)`, for sign normalisation.
+    fn leading_sign(&self) -> i64 {
+        let non_constant = self.off.iter().filter(|(m, _)| !m.is_empty());
+        let constant = self.off.get(&Vec::new());
+        [self.cq, self.ck]
+            .into_iter()
+            .chain(non_constant.map(|(_, v)| *v))
+            .chain(constant.copied())
+            .find(|v| *v != 0)
+            .map_or(0, i64::signum)
+    }
+    /// The offset as an expression: non-constant monomials in canonical order, then the
+    /// constant term, with negative coefficients spelled as subtraction.
+    fn offset_expr(&self) -> Expr {
+        let mut terms = self
+            .off
+            .iter()
+            .filter(|(m, _)| !m.is_empty())
+            .chain(self.off.get_key_value(&Vec::new()));
+        let term = |m: &[Base], c: i64| -> Expr {
+            let product = m
+                .iter()
+                .map(|b| b.expr())
+                .reduce(|a, b| Expr::bin(BinOp::Mul, a, b));
+            match (product, c.unsigned_abs()) {
+                (None, c) => Expr::Int(c as i64),
+                (Some(p), 1) => p,
+                (Some(p), c) => Expr::bin(BinOp::Mul, Expr::Int(c as i64), p),
+            }
+        };
+        let Some((m0, &c0)) = terms.next() else {
+            return Expr::Int(0);
+        };
+        let mut e = if m0.is_empty() {
+            Expr::Int(c0)
+        } else if c0 < 0 {
+            Expr::Unary(UnOp::Neg, Box::new(term(m0, c0)))
+        } else {
+            term(m0, c0)
+        };
+        for (m, &c) in terms {
+            let op = if c < 0 { BinOp::Sub } else { BinOp::Add };
+            e = Expr::bin(op, e, term(m, c));
+        }
+        e
+    }
+}
+
+/// `e` as an affine form in `(q, k)` with integer coefficients and a tile-constant offset, or
+/// `None` when it is not one (tensor lookups, products of positions, remainders, floats…).
+fn linearize(spec: &VariantSpec, e: &Expr) -> Option<Linear> {
+    match e {
+        Expr::Int(i) => Some(Linear::constant(*i)),
+        Expr::Var(v) => match v {
+            Var::Q => Some(Linear {
+                cq: 1,
+                ck: 0,
+                off: Poly::new(),
+            }),
+            Var::K => Some(Linear {
+                cq: 0,
+                ck: 1,
+                off: Poly::new(),
+            }),
+            Var::SeqQ => Some(Linear::base(Base::SeqQ)),
+            Var::SeqK => Some(Linear::base(Base::SeqK)),
+            Var::B => Some(Linear::base(Base::B)),
+            Var::H => Some(Linear::base(Base::H)),
+            Var::S => None,
+        },
+        Expr::Scalar(i) => match spec.params.get(*i)?.kind {
+            ParamKind::Scalar(ScalarTy::I32) => Some(Linear::base(Base::Param(*i))),
+            _ => None,
+        },
+        Expr::Unary(UnOp::Neg, a) => linearize(spec, a)?.scale(-1),
+        Expr::Binary(BinOp::Add, a, b) => linearize(spec, a)?.add(&linearize(spec, b)?),
+        Expr::Binary(BinOp::Sub, a, b) => linearize(spec, a)?.add(&linearize(spec, b)?.scale(-1)?),
+        Expr::Binary(BinOp::Mul, a, b) => {
+            let (a, b) = (linearize(spec, a)?, linearize(spec, b)?);
+            if let Some(c) = a.as_literal() {
+                b.scale(c)
+            } else if let Some(c) = b.as_literal() {
+                a.scale(c)
+            } else if a.is_tile_constant() && b.is_tile_constant() {
+                a.mul_constants(&b)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+fn cmp_op(op: BinOp) -> Option<CmpOp> {
+    Some(match op {
+        BinOp::Lt => CmpOp::Lt,
+        BinOp::Le => CmpOp::Le,
+        BinOp::Gt => CmpOp::Gt,
+        BinOp::Ge => CmpOp::Ge,
+        BinOp::Eq => CmpOp::Eq,
+        BinOp::Ne => CmpOp::Ne,
+        _ => return None,
+    })
+}
+
+impl CmpOp {
+    /// Whether `v OP 0`.
+    pub fn holds(self, v: i128) -> bool {
+        match self {
+            CmpOp::Lt => v < 0,
+            CmpOp::Le => v <= 0,
+            CmpOp::Gt => v > 0,
+            CmpOp::Ge => v >= 0,
+            CmpOp::Eq => v == 0,
+            CmpOp::Ne => v != 0,
+        }
+    }
+}
+
+/// An integer comparison `lhs - rhs OP 0` in canonical form: `>`/`>=` become `<`/`<=` by
+/// negation, `x < 0` becomes `x + 1 <= 0`, and `==`/`!=` get a positive leading coefficient. The
+/// result is a constant when the difference is a plain integer.
+fn comparison(
+    spec: &VariantSpec,
+    op: CmpOp,
+    diff: Linear,
+    atoms: &mut Vec<AffineAtom>,
+) -> MaskTree {
+    if let Some(c) = diff.as_literal() {
+        return MaskTree::Const(op.holds(c as i128));
+    }
+    let canon = match op {
+        CmpOp::Le => Some((diff, CmpOp::Le)),
+        CmpOp::Lt => diff.add(&Linear::constant(1)).map(|d| (d, CmpOp::Le)),
+        CmpOp::Ge => diff.scale(-1).map(|d| (d, CmpOp::Le)),
+        CmpOp::Gt => diff
+            .scale(-1)
+            .and_then(|d| d.add(&Linear::constant(1)))
+            .map(|d| (d, CmpOp::Le)),
+        CmpOp::Eq | CmpOp::Ne => {
+            if diff.leading_sign() < 0 {
+                diff.scale(-1).map(|d| (d, op))
+            } else {
+                Some((diff, op))
+            }
+        }
+    };
+    let _ = spec;
+    let Some((diff, op)) = canon else {
+        return MaskTree::Opaque;
+    };
+    let atom = AffineAtom {
+        cq: diff.cq,
+        ck: diff.ck,
+        offset: diff.offset_expr(),
+        op,
+    };
+    let index = match atoms.iter().position(|a| *a == atom) {
+        Some(i) => i,
+        None => {
+            atoms.push(atom);
+            atoms.len() - 1
+        }
+    };
+    MaskTree::Atom(index)
+}
+
+fn mask_tree(spec: &VariantSpec, e: &Expr, atoms: &mut Vec<AffineAtom>) -> MaskTree {
+    match e {
+        Expr::Bool(b) => MaskTree::Const(*b),
+        Expr::Unary(UnOp::Not, a) => match mask_tree(spec, a, atoms) {
+            MaskTree::Const(b) => MaskTree::Const(!b),
+            MaskTree::Not(inner) => *inner,
+            t => MaskTree::Not(Box::new(t)),
+        },
+        Expr::Binary(op @ (BinOp::And | BinOp::Or), a, b) => {
+            let is_and = *op == BinOp::And;
+            let mut children = Vec::new();
+            for side in [a, b] {
+                match mask_tree(spec, side, atoms) {
+                    MaskTree::And(xs) if is_and => children.extend(xs),
+                    MaskTree::Or(xs) if !is_and => children.extend(xs),
+                    // `true && x` is x; `false || x` is x.
+                    MaskTree::Const(c) if c == is_and => {}
+                    // `false && x` is false; `true || x` is true.
+                    MaskTree::Const(c) => return MaskTree::Const(c),
+                    t => {
+                        if !children.contains(&t) || t == MaskTree::Opaque {
+                            children.push(t)
+                        }
+                    }
+                }
+            }
+            match children.len() {
+                0 => MaskTree::Const(is_and),
+                1 => children.pop().expect("one child"),
+                _ if is_and => MaskTree::And(children),
+                _ => MaskTree::Or(children),
+            }
+        }
+        Expr::Binary(op, a, b)
+            if cmp_op(*op).is_some()
+                && a.ty(&spec.params) == Ty::Int
+                && b.ty(&spec.params) == Ty::Int =>
+        {
+            let diff = linearize(spec, a)
+                .zip(linearize(spec, b))
+                .and_then(|(a, b)| a.add(&b.scale(-1)?));
+            match diff {
+                Some(d) => comparison(spec, cmp_op(*op).expect("comparison"), d, atoms),
+                None => MaskTree::Opaque,
+            }
+        }
+        _ => MaskTree::Opaque,
+    }
+}
+
+/// Splits a mask into affine atoms and opaque parts (see [`MaskPlan`]).
+pub fn analyse_mask(spec: &VariantSpec, mask: &Expr) -> MaskPlan {
+    let mut atoms = Vec::new();
+    let tree = mask_tree(spec, mask, &mut atoms);
+    MaskPlan {
+        expr: mask.clone(),
+        atoms,
+        tree,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile classification
+// ---------------------------------------------------------------------------------------------
+
+/// The tile-constant values an atom's offset may read: sizes, the block's batch and head, and
+/// integer scalar params (by param index; other params read as 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TileEnv {
+    pub seq_q: i64,
+    pub seq_k: i64,
+    pub b: i64,
+    pub h: i64,
+    pub scalars: Vec<i64>,
+}
+
+impl TileEnv {
+    /// The environment of the block `(b, h)` of a launch with `params`.
+    pub fn new(b: usize, h: usize, seq_q: usize, seq_k: usize, params: &ParamValues) -> Self {
+        TileEnv {
+            seq_q: seq_q as i64,
+            seq_k: seq_k as i64,
+            b: b as i64,
+            h: h as i64,
+            scalars: params
+                .0
+                .iter()
+                .map(|p| match p {
+                    ParamValue::Int(v) => *v,
+                    _ => 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Value of an atom offset (an integer expression over tile constants).
+    pub fn offset(&self, e: &Expr) -> i128 {
+        match e {
+            Expr::Int(i) => *i as i128,
+            Expr::Var(Var::SeqQ) => self.seq_q as i128,
+            Expr::Var(Var::SeqK) => self.seq_k as i128,
+            Expr::Var(Var::B) => self.b as i128,
+            Expr::Var(Var::H) => self.h as i128,
+            Expr::Scalar(i) => self.scalars[*i] as i128,
+            Expr::Unary(UnOp::Neg, a) => -self.offset(a),
+            Expr::Binary(BinOp::Add, a, b) => self.offset(a) + self.offset(b),
+            Expr::Binary(BinOp::Sub, a, b) => self.offset(a) - self.offset(b),
+            Expr::Binary(BinOp::Mul, a, b) => self.offset(a) * self.offset(b),
+            other => panic!("not a tile-constant offset: {other:?}"),
+        }
+    }
+}
+
+/// Three-valued truth of a mask over a tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Truth {
+    Always,
+    Never,
+    Mixed,
+}
+
+impl Truth {
+    fn not(self) -> Self {
+        match self {
+            Truth::Always => Truth::Never,
+            Truth::Never => Truth::Always,
+            Truth::Mixed => Truth::Mixed,
+        }
+    }
+}
+
+/// Truth of one atom over the box `[q0, q1] × [k0, k1]`: the affine form's extremes lie at the
+/// corners, so its range over the box is `[lo, hi]`.
+fn atom_truth(atom: &AffineAtom, env: &TileEnv, q0: i64, q1: i64, k0: i64, k1: i64) -> Truth {
+    let off = env.offset(&atom.offset);
+    let (cq, ck) = (atom.cq as i128, atom.ck as i128);
+    let corners = [
+        cq * q0 as i128 + ck * k0 as i128,
+        cq * q0 as i128 + ck * k1 as i128,
+        cq * q1 as i128 + ck * k0 as i128,
+        cq * q1 as i128 + ck * k1 as i128,
+    ];
+    let lo = corners.iter().min().expect("four corners") + off;
+    let hi = corners.iter().max().expect("four corners") + off;
+    let (all, none) = match atom.op {
+        CmpOp::Lt => (hi < 0, lo >= 0),
+        CmpOp::Le => (hi <= 0, lo > 0),
+        CmpOp::Gt => (lo > 0, hi <= 0),
+        CmpOp::Ge => (lo >= 0, hi < 0),
+        CmpOp::Eq => (lo == 0 && hi == 0, lo > 0 || hi < 0),
+        CmpOp::Ne => (lo > 0 || hi < 0, lo == 0 && hi == 0),
+    };
+    match (all, none) {
+        (true, _) => Truth::Always,
+        (_, true) => Truth::Never,
+        _ => Truth::Mixed,
+    }
+}
+
+fn tree_truth(
+    tree: &MaskTree,
+    atoms: &[AffineAtom],
+    env: &TileEnv,
+    b: (i64, i64, i64, i64),
+) -> Truth {
+    match tree {
+        MaskTree::Const(true) => Truth::Always,
+        MaskTree::Const(false) => Truth::Never,
+        MaskTree::Atom(i) => atom_truth(&atoms[*i], env, b.0, b.1, b.2, b.3),
+        MaskTree::Opaque => Truth::Mixed,
+        MaskTree::Not(t) => tree_truth(t, atoms, env, b).not(),
+        MaskTree::And(ts) => {
+            let mut acc = Truth::Always;
+            for t in ts {
+                match tree_truth(t, atoms, env, b) {
+                    Truth::Never => return Truth::Never,
+                    Truth::Mixed => acc = Truth::Mixed,
+                    Truth::Always => {}
+                }
+            }
+            acc
+        }
+        MaskTree::Or(ts) => {
+            let mut acc = Truth::Never;
+            for t in ts {
+                match tree_truth(t, atoms, env, b) {
+                    Truth::Always => return Truth::Always,
+                    Truth::Mixed => acc = Truth::Mixed,
+                    Truth::Never => {}
+                }
+            }
+            acc
+        }
+    }
+}
+
+/// Classifies the tile of query positions `q0..=q1` and key positions `k0..=k1` (inclusive,
+/// already clipped to the sequence lengths) as the kernel does at run time. Sound by
+/// construction: `Full` only if every element is visible, `Empty` only if every element is
+/// masked; anything undecided (opaque parts, mixed atoms) is `Partial`.
+pub fn classify(
+    mask: &MaskPlan,
+    spec: &VariantSpec,
+    env: &TileEnv,
+    q0: i64,
+    q1: i64,
+    k0: i64,
+    k1: i64,
+) -> TileClass {
+    debug_assert!(
+        env.scalars.len() >= spec.params.len(),
+        "tile env has {} param values, `{}` declares {}",
+        env.scalars.len(),
+        spec.name,
+        spec.params.len()
+    );
+    debug_assert!(q0 <= q1 && k0 <= k1, "empty tile box");
+    match tree_truth(&mask.tree, &mask.atoms, env, (q0, q1, k0, k1)) {
+        Truth::Always => TileClass::Full,
+        Truth::Never => TileClass::Empty,
+        Truth::Mixed => TileClass::Partial,
+    }
+}
+
+/// Classes of every key tile for query tile `query_tile` of a `seq_q × seq_k` problem (tiles
+/// clipped at the sequence ends). A dense plan gives all `Full`.
+pub fn key_tile_classes(
+    plan: &KernelPlan,
+    env: &TileEnv,
+    query_tile: usize,
+    seq_q: usize,
+    seq_k: usize,
+) -> Vec<TileClass> {
+    let (bm, bn) = (plan.config.block_m as usize, plan.config.block_n as usize);
+    let q0 = query_tile * bm;
+    assert!(
+        q0 < seq_q,
+        "query tile {query_tile} starts at {q0}, past seq_q {seq_q}"
+    );
+    let q1 = (q0 + bm).min(seq_q) - 1;
+    (0..plan.key_tiles(seq_k))
+        .map(|j| {
+            let k0 = j * bn;
+            let k1 = (k0 + bn).min(seq_k) - 1;
+            match &plan.mask {
+                None => TileClass::Full,
+                Some(m) => classify(
+                    m, &plan.spec, env, q0 as i64, q1 as i64, k0 as i64, k1 as i64,
+                ),
+            }
+        })
+        .collect()
 }
