@@ -1,5 +1,26 @@
-//! CUDA emission. (Owned by the kernel work.)
-use crate::plan::KernelPlan;
+//! CUDA emission: a [`KernelPlan`] becomes one self-contained translation unit.
+//!
+//! The kernel skeleton lives in `templates/forward.cu.hbs` and reads top to bottom like the
+//! algorithm; this module only computes the values it is filled with: constants, the argument
+//! struct's param fields, and the bodies of the hooks (`mask_at`, `score_at`, `tile_class`,
+//! `key_hull`) translated from the plan's expression trees. Output is a pure function of the
+//! plan, so equal plans give byte-identical source (and share a compile-cache entry).
+
+use std::fmt::Write as _;
+
+use handlebars::Handlebars;
+use serde::Serialize;
+
+use crate::args::HEADER_CPP;
+use crate::plan::{AffineAtom, CmpOp, KernelPlan, MaskTree};
+use crate::spec::{BinOp, DType, Dim, Expr, Func, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Var};
+
+/// The kernel skeleton.
+pub const FORWARD_TEMPLATE: &str = include_str!("../../templates/forward.cu.hbs");
+/// The device prelude, handed to NVRTC as the named header `flash_prelude.cuh`.
+pub const PRELUDE: &str = include_str!("../../templates/prelude.cuh");
+/// Include name of [`PRELUDE`].
+pub const PRELUDE_NAME: &str = "flash_prelude.cuh";
 
 /// Generated CUDA for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -10,10 +31,392 @@ pub struct CudaSource {
     pub source: String,
     /// `(include name, contents)` pairs handed to NVRTC.
     pub headers: Vec<(String, String)>,
+    /// Dynamic shared memory per block, bytes.
     pub smem_bytes: u32,
+    /// Threads per block.
     pub threads: u32,
 }
 
-pub fn emit(_plan: &KernelPlan) -> CudaSource {
-    todo!("emit")
+#[derive(Serialize)]
+struct ParamOffset {
+    field: String,
+    offset: u32,
+}
+
+#[derive(Serialize)]
+struct Context {
+    generator_version: &'static str,
+    variant: String,
+    kernel_name: String,
+    header_cpp: &'static str,
+    param_fields: Vec<String>,
+    param_offsets: Vec<ParamOffset>,
+    args_size: u32,
+    dtype: &'static str,
+    mma_type: &'static str,
+    pack_type: &'static str,
+    block_m: u32,
+    block_n: u32,
+    warps: u32,
+    stages: u32,
+    dqk: u32,
+    dv: u32,
+    smem_bytes: u32,
+    has_mask: bool,
+    has_score: bool,
+    mask_expr: String,
+    score_expr: String,
+    classify_body: String,
+    hull_body: String,
+}
+
+/// Emits the CUDA source of `plan`.
+pub fn emit(plan: &KernelPlan) -> CudaSource {
+    let spec = &plan.spec;
+    let cfg = plan.config;
+    let (mma_type, pack_type) = match spec.dtype {
+        DType::F16 => ("f16", "f16x2"),
+        DType::Bf16 => ("bf16", "bf16x2"),
+    };
+    let cx = ExprCx { params: &spec.params };
+    let (classify_body, hull_body, mask_expr) = match &plan.mask {
+        Some(m) => (
+            classify_body(&m.tree, &m.atoms, &cx),
+            hull_body(&m.tree, &m.atoms, &cx),
+            cx.expr(&m.expr),
+        ),
+        None => (String::new(), String::new(), String::new()),
+    };
+    let ctx = Context {
+        generator_version: crate::GENERATOR_VERSION,
+        variant: spec.name.clone(),
+        kernel_name: plan.kernel_name.clone(),
+        header_cpp: HEADER_CPP,
+        param_fields: spec.params.iter().map(param_field).collect(),
+        param_offsets: plan
+            .params
+            .slots
+            .iter()
+            .map(|s| ParamOffset {
+                field: field_name(&spec.params[s.param]),
+                offset: s.offset,
+            })
+            .collect(),
+        args_size: plan.params.total_size,
+        dtype: spec.dtype.name(),
+        mma_type,
+        pack_type,
+        block_m: cfg.block_m,
+        block_n: cfg.block_n,
+        warps: cfg.warps,
+        stages: cfg.stages,
+        dqk: spec.head_dim_qk,
+        dv: spec.head_dim_v,
+        smem_bytes: plan.smem_bytes,
+        has_mask: plan.mask.is_some(),
+        has_score: spec.score.is_some(),
+        mask_expr,
+        score_expr: spec.score.as_ref().map(|e| cx.expr(e)).unwrap_or_default(),
+        classify_body,
+        hull_body,
+    };
+    let mut hb = Handlebars::new();
+    hb.set_strict_mode(true);
+    hb.register_escape_fn(handlebars::no_escape);
+    let source = hb
+        .render_template(FORWARD_TEMPLATE, &ctx)
+        .expect("the forward template renders for every plan (a failure here is a generator bug)");
+    CudaSource {
+        kernel_name: plan.kernel_name.clone(),
+        source,
+        headers: vec![(PRELUDE_NAME.to_string(), PRELUDE.to_string())],
+        smem_bytes: plan.smem_bytes,
+        threads: cfg.warps * 32,
+    }
+}
+
+fn field_name(p: &ParamDecl) -> String {
+    format!("p_{}", p.name)
+}
+
+fn scalar_cpp(t: ScalarTy) -> &'static str {
+    match t {
+        ScalarTy::I32 => "int",
+        ScalarTy::F32 => "float",
+    }
+}
+
+fn param_field(p: &ParamDecl) -> String {
+    match &p.kind {
+        ParamKind::Scalar(t) => format!("{} {};", scalar_cpp(*t), field_name(p)),
+        ParamKind::Tensor { elem, .. } => format!("const {}* {};", scalar_cpp(*elem), field_name(p)),
+    }
+}
+
+/// Translation of expression trees to C++ expressions over the hook's locals
+/// (`b h q k s seq_q seq_k`, `args`).
+struct ExprCx<'a> {
+    params: &'a [ParamDecl],
+}
+
+impl ExprCx<'_> {
+    fn expr(&self, e: &Expr) -> String {
+        match e {
+            Expr::Int(v) => format!("{v}"),
+            Expr::Float(v) => float_lit(v.get()),
+            Expr::Bool(v) => format!("{v}"),
+            Expr::Var(v) => match v {
+                Var::B => "b",
+                Var::H => "h",
+                Var::Q => "q",
+                Var::K => "k",
+                Var::S => "s",
+                Var::SeqQ => "seq_q",
+                Var::SeqK => "seq_k",
+            }
+            .to_string(),
+            Expr::Scalar(i) => format!("args.{}", field_name(&self.params[*i])),
+            Expr::Index(i, idx) => self.index(*i, idx),
+            Expr::ToFloat(a) => format!("((float)({}))", self.expr(a)),
+            Expr::Unary(UnOp::Neg, a) => format!("(-{})", self.expr(a)),
+            Expr::Unary(UnOp::Not, a) => format!("(!{})", self.expr(a)),
+            Expr::Binary(op, a, b) => {
+                let (x, y) = (self.expr(a), self.expr(b));
+                match (op, &**b) {
+                    // A literal divisor becomes a multiply; otherwise the SFU's 2-ulp division.
+                    (BinOp::Div, Expr::Float(c)) if c.get() != 0.0 => {
+                        format!("((float)({x}) * {})", float_lit(1.0 / c.get()))
+                    }
+                    (BinOp::Div, _) => format!("flash::fdivf((float)({x}), (float)({y}))"),
+                    (_, _) => format!("({x} {} {y})", binop_cpp(*op)),
+                }
+            }
+            Expr::Call(f, args) => {
+                let int = args[0].ty(self.params) == Ty::Int;
+                let xs: Vec<String> = args.iter().map(|a| self.expr(a)).collect();
+                let name = match (f, int) {
+                    (Func::Exp, _) => "flash::fexp",
+                    (Func::Log, _) => "flash::flog",
+                    (Func::Tanh, _) => "flash::ftanh",
+                    (Func::Sigmoid, _) => "flash::fsigmoid",
+                    (Func::Sqrt, _) => "sqrtf",
+                    (Func::Abs, true) => "flash::iabs",
+                    (Func::Abs, false) => "fabsf",
+                    (Func::Min, true) => "flash::imin",
+                    (Func::Min, false) => "fminf",
+                    (Func::Max, true) => "flash::imax",
+                    (Func::Max, false) => "fmaxf",
+                };
+                format!("{name}({})", xs.join(", "))
+            }
+            Expr::Select(c, a, b) => {
+                format!("({} ? {} : {})", self.expr(c), self.expr(a), self.expr(b))
+            }
+        }
+    }
+
+    /// A tensor lookup with every index clamped into its dimension, so no value of the
+    /// expression can read out of bounds. A `seq` dimension holds `max(seq_q, seq_k)` entries.
+    fn index(&self, i: usize, idx: &[Expr]) -> String {
+        let p = &self.params[i];
+        let ParamKind::Tensor { dims, .. } = &p.kind else {
+            unreachable!("validation only lets tensors be indexed")
+        };
+        let mut flat = String::new();
+        for (d, ix) in dims.iter().zip(idx) {
+            let size = match d {
+                Dim::Batch => "args.h.batch".to_string(),
+                Dim::Heads => "args.h.heads_q".to_string(),
+                Dim::Seq => "flash::imax(args.h.seq_q, args.h.seq_k)".to_string(),
+                Dim::Fixed(n) => n.to_string(),
+            };
+            let clamped = format!("flash::clampi({}, {size})", self.expr(ix));
+            flat = if flat.is_empty() {
+                clamped
+            } else {
+                format!("({flat}) * {size} + {clamped}")
+            };
+        }
+        format!("__ldg(&args.{}[{flat}])", field_name(p))
+    }
+}
+
+fn binop_cpp(op: BinOp) -> &'static str {
+    match op {
+        BinOp::Add => "+",
+        BinOp::Sub => "-",
+        BinOp::Mul => "*",
+        BinOp::Div => "/",
+        BinOp::Rem => "%",
+        BinOp::Lt => "<",
+        BinOp::Le => "<=",
+        BinOp::Gt => ">",
+        BinOp::Ge => ">=",
+        BinOp::Eq => "==",
+        BinOp::Ne => "!=",
+        BinOp::And => "&&",
+        BinOp::Or => "||",
+    }
+}
+
+/// A C++ float literal that reads back as the same f32.
+fn float_lit(v: f64) -> String {
+    if v.is_infinite() {
+        return if v > 0.0 { "FLASH_INF" } else { "(-FLASH_INF)" }.to_string();
+    }
+    if v.is_nan() {
+        return "__int_as_float(0x7fc00000)".to_string();
+    }
+    let s = format!("{:?}", v as f32);
+    if s.contains(['.', 'e', 'E']) {
+        format!("{s}f")
+    } else {
+        format!("{s}.0f")
+    }
+}
+
+/// Min and max of `cq·q + ck·k + offset` over the box `[q0,q1] × [k0,k1]`, as C++ expressions.
+fn atom_extremes(a: &AffineAtom, cx: &ExprCx) -> (String, String) {
+    let off = cx.expr(&a.offset);
+    let term = |c: i64, lo: &str, hi: &str, want_max: bool| -> String {
+        if c == 0 {
+            return "0".into();
+        }
+        let at = if (c > 0) == want_max { hi } else { lo };
+        format!("{c}LL * {at}")
+    };
+    let min = format!(
+        "({} + {} + (i64)({off}))",
+        term(a.cq, "q0", "q1", false),
+        term(a.ck, "k0", "k1", false)
+    );
+    let max = format!(
+        "({} + {} + (i64)({off}))",
+        term(a.cq, "q0", "q1", true),
+        term(a.ck, "k0", "k1", true)
+    );
+    (min, max)
+}
+
+/// Body of `tile_class`: one three-valued local per atom (0 never, 1 unknown, 2 always),
+/// combined as the mask tree says (and = min, or = max, not = 2 - x).
+fn classify_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
+    let mut out = String::new();
+    for (i, a) in atoms.iter().enumerate() {
+        let (mn, mx) = atom_extremes(a, cx);
+        let (always, never) = match a.op {
+            CmpOp::Lt => ("mx < 0", "mn >= 0"),
+            CmpOp::Le => ("mx <= 0", "mn > 0"),
+            CmpOp::Gt => ("mn > 0", "mx <= 0"),
+            CmpOp::Ge => ("mn >= 0", "mx < 0"),
+            CmpOp::Eq => ("mn == 0 && mx == 0", "mn > 0 || mx < 0"),
+            CmpOp::Ne => ("mn > 0 || mx < 0", "mn == 0 && mx == 0"),
+        };
+        let _ = writeln!(
+            out,
+            "  int a{i};\n  {{ const i64 mn = {mn}, mx = {mx}; a{i} = ({always}) ? 2 : (({never}) ? 0 : 1); }}"
+        );
+    }
+    let _ = writeln!(out, "  return {};", tree3(tree));
+    out
+}
+
+fn tree3(t: &MaskTree) -> String {
+    match t {
+        MaskTree::Const(true) => "2".into(),
+        MaskTree::Const(false) => "0".into(),
+        MaskTree::Atom(i) => format!("a{i}"),
+        MaskTree::Opaque => "1".into(),
+        MaskTree::And(xs) => xs
+            .iter()
+            .map(tree3)
+            .reduce(|a, b| format!("flash::imin({a}, {b})"))
+            .unwrap_or_else(|| "2".into()),
+        MaskTree::Or(xs) => xs
+            .iter()
+            .map(tree3)
+            .reduce(|a, b| format!("flash::imax({a}, {b})"))
+            .unwrap_or_else(|| "0".into()),
+        MaskTree::Not(x) => format!("(2 - {})", tree3(x)),
+    }
+}
+
+/// Body of `key_hull`: a conservative key interval per tree node. An atom with `ck != 0`
+/// bounds `k` on one side (two for `==`) by solving `ck·k OP -(cq·q + offset)` at the loosest
+/// end of the query range; `and` intersects, `or` takes the hull of the union, anything else is
+/// unbounded. Non-strict bounds for strict comparisons only widen the interval, which is safe:
+/// every tile inside it is still classified.
+fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
+    let mut out = String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n");
+    let mut n = 0usize;
+    let root = hull_node(tree, atoms, cx, &mut out, &mut n);
+    let _ = writeln!(out, "  lo = {root}_lo;\n  hi = {root}_hi;");
+    out
+}
+
+fn hull_node(t: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, out: &mut String, n: &mut usize) -> String {
+    let id = format!("r{n}");
+    *n += 1;
+    match t {
+        MaskTree::Const(false) => {
+            let _ = writeln!(out, "  const i64 {id}_lo = POS, {id}_hi = NEG;");
+        }
+        MaskTree::Atom(i) if atoms[*i].ck != 0 => {
+            let a = &atoms[*i];
+            let off = cx.expr(&a.offset);
+            // g(q) = cq·q + offset over [q0, q1]
+            let (q_at_min, q_at_max) = if a.cq >= 0 { ("q0", "q1") } else { ("q1", "q0") };
+            let gmin = format!("{}LL * {q_at_min} + {id}_g0", a.cq);
+            let gmax = format!("{}LL * {q_at_max} + {id}_g0", a.cq);
+            let c = a.ck.abs();
+            // Bounds on k implied by the atom, loosest over the query range.
+            let (upper, lower) = if a.ck > 0 {
+                // ck·k OP -g  →  k ≤ -g/ck (Lt, Le, Eq);  k ≥ -g/ck (Gt, Ge, Eq)
+                (
+                    format!("flash::fdiv(-({gmin}), {c})"),
+                    format!("flash::cdiv(-({gmax}), {c})"),
+                )
+            } else {
+                // -|ck|·k OP -g  ⇔  |ck|·k (flipped OP) g
+                (
+                    format!("flash::fdiv({gmax}, {c})"),
+                    format!("flash::cdiv({gmin}, {c})"),
+                )
+            };
+            let bounds_upper = matches!(
+                (a.op, a.ck > 0),
+                (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, true) | (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, false)
+            );
+            let bounds_lower = matches!(
+                (a.op, a.ck > 0),
+                (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, true) | (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, false)
+            );
+            let lo = if bounds_lower { lower } else { "NEG".into() };
+            let hi = if bounds_upper { upper } else { "POS".into() };
+            let _ = writeln!(
+                out,
+                "  const i64 {id}_g0 = (i64)({off});\n  const i64 {id}_lo = {lo}, {id}_hi = {hi};"
+            );
+        }
+        MaskTree::And(xs) | MaskTree::Or(xs) => {
+            let kids: Vec<String> = xs.iter().map(|x| hull_node(x, atoms, cx, out, n)).collect();
+            let and = matches!(t, MaskTree::And(_));
+            let (flo, fhi) = if and { ("flash::lmax", "flash::lmin") } else { ("flash::lmin", "flash::lmax") };
+            let lo = kids
+                .iter()
+                .map(|k| format!("{k}_lo"))
+                .reduce(|a, b| format!("{flo}({a}, {b})"))
+                .unwrap_or_else(|| if and { "NEG".into() } else { "POS".into() });
+            let hi = kids
+                .iter()
+                .map(|k| format!("{k}_hi"))
+                .reduce(|a, b| format!("{fhi}({a}, {b})"))
+                .unwrap_or_else(|| if and { "POS".into() } else { "NEG".into() });
+            let _ = writeln!(out, "  const i64 {id}_lo = {lo}, {id}_hi = {hi};");
+        }
+        _ => {
+            let _ = writeln!(out, "  const i64 {id}_lo = NEG, {id}_hi = POS;");
+        }
+    }
+    id
 }
