@@ -410,13 +410,20 @@ impl Linear {
             .map_or(0, i64::signum)
     }
     /// The offset as an expression: non-constant monomials in canonical order, then the
-    /// constant term, with negative coefficients spelled as subtraction.
+    /// constant term, the first positive term moved to the front (`1 - prefix`, not
+    /// `-prefix + 1`), negative coefficients spelled as subtraction.
     fn offset_expr(&self) -> Expr {
-        let mut terms = self
+        let mut ordered: Vec<(&Vec<Base>, &i64)> = self
             .off
             .iter()
             .filter(|(m, _)| !m.is_empty())
-            .chain(self.off.get_key_value(&Vec::new()));
+            .chain(self.off.get_key_value(&Vec::new()))
+            .collect();
+        if let Some(first_positive) = ordered.iter().position(|(_, c)| **c > 0) {
+            let t = ordered.remove(first_positive);
+            ordered.insert(0, t);
+        }
+        let mut terms = ordered.into_iter();
         let term = |m: &[Base], c: i64| -> Expr {
             let product = m
                 .iter()
@@ -520,12 +527,7 @@ impl CmpOp {
 /// An integer comparison `lhs - rhs OP 0` in canonical form: `>`/`>=` become `<`/`<=` by
 /// negation, `x < 0` becomes `x + 1 <= 0`, and `==`/`!=` get a positive leading coefficient. The
 /// result is a constant when the difference is a plain integer.
-fn comparison(
-    spec: &VariantSpec,
-    op: CmpOp,
-    diff: Linear,
-    atoms: &mut Vec<AffineAtom>,
-) -> MaskTree {
+fn comparison(op: CmpOp, diff: Linear, atoms: &mut Vec<AffineAtom>) -> MaskTree {
     if let Some(c) = diff.as_literal() {
         return MaskTree::Const(op.holds(c as i128));
     }
@@ -545,7 +547,6 @@ fn comparison(
             }
         }
     };
-    let _ = spec;
     let Some((diff, op)) = canon else {
         return MaskTree::Opaque;
     };
@@ -607,7 +608,7 @@ fn mask_tree(spec: &VariantSpec, e: &Expr, atoms: &mut Vec<AffineAtom>) -> MaskT
                 .zip(linearize(spec, b))
                 .and_then(|(a, b)| a.add(&b.scale(-1)?));
             match diff {
-                Some(d) => comparison(spec, cmp_op(*op).expect("comparison"), d, atoms),
+                Some(d) => comparison(cmp_op(*op).expect("comparison"), d, atoms),
                 None => MaskTree::Opaque,
             }
         }
@@ -817,4 +818,241 @@ pub fn key_tile_classes(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{DType, Dim, ParamDecl};
+
+    fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
+        VariantSpec {
+            name: "Gemma-Local2".into(),
+            doc: String::new(),
+            head_dim_qk: 128,
+            head_dim_v: 64,
+            dtype: DType::Bf16,
+            scale: None,
+            params,
+            mask,
+            score: None,
+        }
+    }
+    fn var(v: Var) -> Expr {
+        Expr::Var(v)
+    }
+    fn causal() -> Expr {
+        Expr::bin(
+            BinOp::Le,
+            var(Var::K),
+            Expr::bin(
+                BinOp::Add,
+                var(Var::Q),
+                Expr::bin(BinOp::Sub, var(Var::SeqK), var(Var::SeqQ)),
+            ),
+        )
+    }
+    fn cfg(block_m: u32, block_n: u32, warps: u32, stages: u32) -> TileConfig {
+        TileConfig {
+            block_m,
+            block_n,
+            warps,
+            stages,
+        }
+    }
+
+    #[test]
+    fn defaults_by_head_dim() {
+        let mut s = spec(vec![], None);
+        for (dqk, dv, want) in [
+            (64, 64, cfg(128, 64, 4, 2)),
+            (128, 64, cfg(128, 64, 4, 2)),
+            (96, 256, cfg(64, 64, 4, 1)),
+            (256, 256, cfg(64, 64, 4, 1)),
+        ] {
+            (s.head_dim_qk, s.head_dim_v) = (dqk, dv);
+            assert_eq!(default_config(&s), want, "d {dqk}x{dv}");
+            assert!(plan(&s, None).is_ok());
+        }
+    }
+
+    #[test]
+    fn invalid_configs_name_the_value() {
+        let s = spec(vec![], None);
+        let err = |c| plan(&s, Some(c)).unwrap_err();
+        assert_eq!(err(cfg(128, 64, 2, 2)), PlanError::Warps(2));
+        assert_eq!(
+            err(cfg(96, 64, 4, 2)),
+            PlanError::RowsPerWarp {
+                block_m: 96,
+                warps: 4
+            }
+        );
+        assert_eq!(err(cfg(128, 48, 4, 2)), PlanError::BlockN(48));
+        assert_eq!(err(cfg(128, 64, 4, 4)), PlanError::Stages(4));
+        assert_eq!(
+            err(cfg(128, 64, 4, 4)).to_string(),
+            "stages must be 1, 2 or 3; got 4"
+        );
+        let mut big = s.clone();
+        (big.head_dim_qk, big.head_dim_v) = (256, 256);
+        let e = plan(&big, Some(cfg(128, 128, 4, 3))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the tiles need 458752 bytes of shared memory; the limit is 232448"
+        );
+        for d in [0, 12, 264] {
+            let mut bad = s.clone();
+            bad.head_dim_v = d;
+            assert_eq!(
+                plan(&bad, None).unwrap_err(),
+                PlanError::HeadDim {
+                    which: "head_dim_v",
+                    value: d
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn smem_threads_name_and_layout() {
+        let params = vec![
+            ParamDecl {
+                name: "cap".into(),
+                kind: ParamKind::Scalar(ScalarTy::F32),
+            },
+            ParamDecl {
+                name: "doc".into(),
+                kind: ParamKind::Tensor {
+                    elem: ScalarTy::I32,
+                    dims: vec![Dim::Seq],
+                },
+            },
+            ParamDecl {
+                name: "n".into(),
+                kind: ParamKind::Scalar(ScalarTy::I32),
+            },
+        ];
+        let mut s = spec(params, None);
+        s.head_dim_qk = 40;
+        let p = plan(&s, Some(cfg(128, 32, 8, 3))).unwrap();
+        // pad64(40) = 64, pad64(64) = 64.
+        assert_eq!(p.smem_bytes, 2 * (128 * 64 + 3 * 32 * 128));
+        assert_eq!(p.threads(), 256);
+        assert_eq!(
+            p.kernel_name,
+            "flash_fwd_gemma_local2_bf16_d40x64_m128n32w8s3"
+        );
+        let offsets: Vec<(u32, u32)> = p.params.slots.iter().map(|s| (s.offset, s.size)).collect();
+        assert_eq!(offsets, [(168, 4), (176, 8), (184, 4)]);
+        assert_eq!(p.params.total_size, 192);
+        assert_eq!(param_layout(&spec(vec![], None)).total_size, 168);
+    }
+
+    #[test]
+    fn causal_is_one_atom() {
+        let m = analyse_mask(&spec(vec![], None), &causal());
+        assert_eq!(m.tree, MaskTree::Atom(0));
+        assert_eq!(
+            m.atoms,
+            [AffineAtom {
+                cq: -1,
+                ck: 1,
+                offset: Expr::bin(BinOp::Sub, var(Var::SeqQ), var(Var::SeqK)),
+                op: CmpOp::Le,
+            }]
+        );
+    }
+
+    #[test]
+    fn equal_atoms_are_shared_and_constants_fold() {
+        let s = spec(vec![], None);
+        // q >= k - (seq_k - seq_q) is causal spelled differently.
+        let other = Expr::bin(
+            BinOp::Ge,
+            var(Var::Q),
+            Expr::bin(
+                BinOp::Sub,
+                var(Var::K),
+                Expr::bin(BinOp::Sub, var(Var::SeqK), var(Var::SeqQ)),
+            ),
+        );
+        let m = analyse_mask(&s, &Expr::bin(BinOp::And, causal(), other));
+        assert_eq!(m.atoms.len(), 1);
+        assert_eq!(m.tree, MaskTree::Atom(0));
+        // 3 < 4 || doc-like opaque: true.
+        let t = Expr::bin(BinOp::Lt, Expr::Int(3), Expr::Int(4));
+        let opaque = Expr::bin(
+            BinOp::Eq,
+            Expr::bin(BinOp::Rem, var(Var::Q), Expr::Int(2)),
+            Expr::Int(0),
+        );
+        let m = analyse_mask(&s, &Expr::bin(BinOp::Or, t.clone(), opaque.clone()));
+        assert_eq!(m.tree, MaskTree::Const(true));
+        let m = analyse_mask(&s, &Expr::bin(BinOp::And, t, opaque.clone()));
+        assert_eq!(m.tree, MaskTree::Opaque);
+        let not_not = Expr::Unary(
+            UnOp::Not,
+            Box::new(Expr::Unary(UnOp::Not, Box::new(causal()))),
+        );
+        assert_eq!(analyse_mask(&s, &not_not).tree, MaskTree::Atom(0));
+        // q * k is not affine; q * 3 and seq_q * seq_k are.
+        let qk = Expr::bin(
+            BinOp::Lt,
+            Expr::bin(BinOp::Mul, var(Var::Q), var(Var::K)),
+            Expr::Int(5),
+        );
+        assert_eq!(analyse_mask(&s, &qk).tree, MaskTree::Opaque);
+        let ok = Expr::bin(
+            BinOp::Gt,
+            Expr::bin(BinOp::Mul, var(Var::Q), Expr::Int(3)),
+            Expr::bin(BinOp::Mul, var(Var::SeqQ), var(Var::SeqK)),
+        );
+        let m = analyse_mask(&s, &ok);
+        // -3q + seq_q·seq_k + 1 <= 0
+        assert_eq!((m.atoms[0].cq, m.atoms[0].ck), (-3, 0));
+        let env = TileEnv {
+            seq_q: 4,
+            seq_k: 5,
+            b: 0,
+            h: 0,
+            scalars: vec![],
+        };
+        assert_eq!(env.offset(&m.atoms[0].offset), 21);
+        // A float comparison is opaque.
+        let f = Expr::bin(
+            BinOp::Lt,
+            Expr::ToFloat(Box::new(var(Var::Q))),
+            Expr::float(2.5),
+        );
+        assert_eq!(analyse_mask(&s, &f).tree, MaskTree::Opaque);
+    }
+
+    #[test]
+    fn classification_of_causal_tiles() {
+        let s = spec(vec![], Some(causal()));
+        let p = plan(&s, Some(cfg(64, 64, 4, 1))).unwrap();
+        let env = TileEnv {
+            seq_q: 256,
+            seq_k: 256,
+            b: 0,
+            h: 0,
+            scalars: vec![],
+        };
+        use TileClass::*;
+        assert_eq!(
+            key_tile_classes(&p, &env, 1, 256, 256),
+            [Full, Partial, Empty, Empty]
+        );
+        // Eq atoms: q == k is mixed on the diagonal, never off it; q != k the reverse.
+        let eq = Expr::bin(BinOp::Eq, var(Var::Q), var(Var::K));
+        let m = analyse_mask(&s, &eq);
+        assert_eq!(classify(&m, &s, &env, 0, 63, 0, 63), Partial);
+        assert_eq!(classify(&m, &s, &env, 0, 63, 64, 127), Empty);
+        assert_eq!(classify(&m, &s, &env, 5, 5, 5, 5), Full);
+        let ne = Expr::Unary(UnOp::Not, Box::new(eq));
+        let m = analyse_mask(&s, &ne);
+        assert_eq!(classify(&m, &s, &env, 0, 63, 64, 127), Full);
+        assert_eq!(classify(&m, &s, &env, 5, 5, 5, 5), Empty);
+    }
 }

@@ -731,3 +731,77 @@ proptest! {
         agree(&plan, &problem, "random");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The example files
+// ---------------------------------------------------------------------------------------------
+
+/// Every `examples/variants/*.flash` file, parsed and validated, by file stem.
+fn parsed_examples() -> Vec<(String, VariantSpec)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples/variants")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let src = std::fs::read_to_string(&path).unwrap();
+            let mut specs = flash_dsl::parse::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+            assert_eq!(specs.len(), 1, "{}", path.display());
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            (stem, specs.pop().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn parsed_examples_plan_like_the_hand_built_specs() {
+    let parsed = parsed_examples();
+    let built = specs::all();
+    assert_eq!(
+        parsed.len(),
+        built.len(),
+        "one hand-built spec per example file"
+    );
+    for ((stem, got), (name, want)) in parsed.iter().zip(&built) {
+        assert_eq!(stem, name);
+        let (pg, pw) = (plan(got, None).unwrap(), plan(want, None).unwrap());
+        assert_eq!(pg.config, pw.config, "{stem}");
+        assert_eq!(pg.kernel_name, pw.kernel_name, "{stem}");
+        assert_eq!(pg.params, pw.params, "{stem}");
+        let (mg, mw) = (pg.mask.as_ref(), pw.mask.as_ref());
+        assert_eq!(
+            mg.map(|m| (&m.atoms, &m.tree)),
+            mw.map(|m| (&m.atoms, &m.tree)),
+            "{stem}"
+        );
+    }
+}
+
+#[test]
+fn parsed_examples_match_reference() {
+    for (stem, spec) in parsed_examples() {
+        let spec = shrink(&spec, 16, 16);
+        for config in configs() {
+            let plan = plan(&spec, config).unwrap();
+            for (sq, sk) in [(17, 113), (113, 17), (130, 130)] {
+                let shape = Shape {
+                    batch: 1,
+                    hq: 2,
+                    hkv: 1,
+                    sq,
+                    sk,
+                };
+                agree(
+                    &plan,
+                    &problem(&spec, &shape, 40, 11),
+                    &format!("{stem} {sq}x{sk}"),
+                );
+            }
+        }
+    }
+}
