@@ -28,7 +28,10 @@ pub struct CompileOptions {
 
 impl CompileOptions {
     pub fn new(arch: impl Into<String>) -> Self {
-        CompileOptions { arch: arch.into(), extra: Vec::new() }
+        CompileOptions {
+            arch: arch.into(),
+            extra: Vec::new(),
+        }
     }
 
     /// The complete NVRTC option list for this compile, in order.
@@ -105,7 +108,10 @@ impl Resources {
             if per_fn.is_empty() {
                 per_fn.push((current.clone(), Resources::default()));
             }
-            let idx = per_fn.iter().rposition(|(n, _)| *n == current).unwrap_or(per_fn.len() - 1);
+            let idx = per_fn
+                .iter()
+                .rposition(|(n, _)| *n == current)
+                .unwrap_or(per_fn.len() - 1);
             let r = &mut per_fn[idx].1;
             for part in l.trim_start_matches("ptxas info    :").split(',') {
                 let words: Vec<&str> = part.split_whitespace().collect();
@@ -120,16 +126,21 @@ impl Resources {
                 }
             }
         }
-        if let Some((_, r)) = per_fn.iter().find(|(n, _)| n == kernel || n.contains(kernel)) {
+        if let Some((_, r)) = per_fn
+            .iter()
+            .find(|(n, _)| n == kernel || n.contains(kernel))
+        {
             return *r;
         }
-        per_fn.iter().fold(Resources::default(), |a, (_, r)| Resources {
-            registers: a.registers.max(r.registers),
-            spill_stores: a.spill_stores.max(r.spill_stores),
-            spill_loads: a.spill_loads.max(r.spill_loads),
-            stack_frame: a.stack_frame.max(r.stack_frame),
-            smem_static: a.smem_static.max(r.smem_static),
-        })
+        per_fn
+            .iter()
+            .fold(Resources::default(), |a, (_, r)| Resources {
+                registers: a.registers.max(r.registers),
+                spill_stores: a.spill_stores.max(r.spill_stores),
+                spill_loads: a.spill_loads.max(r.spill_loads),
+                stack_frame: a.stack_frame.max(r.stack_frame),
+                smem_static: a.smem_static.max(r.smem_static),
+            })
     }
 
     /// Whether ptxas had to spill registers to local memory.
@@ -171,7 +182,9 @@ fn error_string(r: sys::nvrtcResult) -> String {
         format!("{r:?}")
     } else {
         // SAFETY: non-null, NUL-terminated, static.
-        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -179,7 +192,10 @@ fn check(r: sys::nvrtcResult, what: &str) -> Result<(), FlashError> {
     if r == sys::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(FlashError::Nvrtc(format!("{what} failed: {}", error_string(r))))
+        Err(FlashError::Nvrtc(format!(
+            "{what} failed: {}",
+            error_string(r)
+        )))
     }
 }
 
@@ -203,7 +219,8 @@ impl Program {
     fn log(&self) -> String {
         let mut size = 0usize;
         // SAFETY: valid program handle; `size` is writable.
-        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut size) } != sys::nvrtcResult::NVRTC_SUCCESS
+        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut size) }
+            != sys::nvrtcResult::NVRTC_SUCCESS
         {
             return String::new();
         }
@@ -221,7 +238,10 @@ impl Program {
     fn cubin(&self) -> Result<Vec<u8>, FlashError> {
         let mut size = 0usize;
         // SAFETY: valid, compiled program handle.
-        check(unsafe { sys::nvrtcGetCUBINSize(self.0, &mut size) }, "nvrtcGetCUBINSize")?;
+        check(
+            unsafe { sys::nvrtcGetCUBINSize(self.0, &mut size) },
+            "nvrtcGetCUBINSize",
+        )?;
         if size == 0 {
             return Err(FlashError::Nvrtc(
                 "nvrtc produced no CUBIN (was a virtual `compute_XX` architecture given?)".into(),
@@ -229,7 +249,10 @@ impl Program {
         }
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` holds exactly the reported CUBIN size.
-        check(unsafe { sys::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char) }, "nvrtcGetCUBIN")?;
+        check(
+            unsafe { sys::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char) },
+            "nvrtcGetCUBIN",
+        )?;
         Ok(buf)
     }
 }
@@ -277,26 +300,46 @@ pub(crate) fn compile_uncached(
             source.as_ptr(),
             prog_name.as_ptr(),
             header_srcs.len() as i32,
-            if header_srcs.is_empty() { std::ptr::null() } else { header_src_ptrs.as_ptr() },
-            if header_names.is_empty() { std::ptr::null() } else { header_name_ptrs.as_ptr() },
+            if header_srcs.is_empty() {
+                std::ptr::null()
+            } else {
+                header_src_ptrs.as_ptr()
+            },
+            if header_names.is_empty() {
+                std::ptr::null()
+            } else {
+                header_name_ptrs.as_ptr()
+            },
         )
     };
     check(r, "nvrtcCreateProgram")?;
     let prog = Program(raw);
 
     let args = opts.nvrtc_args();
-    let cargs: Vec<CString> =
-        args.iter().map(|a| cstring(a, "a compile option")).collect::<Result<_, _>>()?;
+    let cargs: Vec<CString> = args
+        .iter()
+        .map(|a| cstring(a, "a compile option"))
+        .collect::<Result<_, _>>()?;
     let arg_ptrs: Vec<*const c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
     // SAFETY: valid program; `arg_ptrs` has `cargs.len()` valid C strings alive for the call.
     let r = unsafe { sys::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
     let log = prog.log();
     if let Some(dir) = &dump {
-        let _ = std::fs::write(Path::new(dir).join(format!("{}.{}.log", src.kernel_name, opts.arch)), &log);
+        let _ = std::fs::write(
+            Path::new(dir).join(format!("{}.{}.log", src.kernel_name, opts.arch)),
+            &log,
+        );
     }
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        let log = if log.trim().is_empty() { error_string(r) } else { format!("{}\n{log}", error_string(r)) };
-        return Err(FlashError::Compile { kernel: src.kernel_name.clone(), log });
+        let log = if log.trim().is_empty() {
+            error_string(r)
+        } else {
+            format!("{}\n{log}", error_string(r))
+        };
+        return Err(FlashError::Compile {
+            kernel: src.kernel_name.clone(),
+            log,
+        });
     }
     let cubin = prog.cubin()?;
     drop(prog);
@@ -316,8 +359,10 @@ pub(crate) fn compile_uncached(
 /// is warned about, never fatal).
 fn dump_sources(dir: &Path, src: &CudaSource) {
     let write = |name: &str, contents: &str| {
-        let safe: String =
-            name.chars().map(|c| if c == '/' || c == '\\' { '_' } else { c }).collect();
+        let safe: String = name
+            .chars()
+            .map(|c| if c == '/' || c == '\\' { '_' } else { c })
+            .collect();
         let path = dir.join(safe);
         if let Err(e) = std::fs::create_dir_all(dir).and_then(|_| std::fs::write(&path, contents)) {
             tracing::warn!(path = %path.display(), error = %e, "FLASH_DUMP_DIR: could not write");
@@ -349,7 +394,13 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 304 bytes 
         let r = Resources::parse_log(log, "flash_fwd");
         assert_eq!(
             r,
-            Resources { registers: 255, spill_stores: 24, spill_loads: 20, stack_frame: 16, smem_static: 8192 }
+            Resources {
+                registers: 255,
+                spill_stores: 24,
+                spill_loads: 20,
+                stack_frame: 16,
+                smem_static: 8192
+            }
         );
         assert!(r.spills());
         let h = Resources::parse_log(log, "helper");

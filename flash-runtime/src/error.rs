@@ -60,7 +60,11 @@ pub enum FlashError {
 
 impl FlashError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        FlashError::Io { op, path: path.into(), source }
+        FlashError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
     }
 }
 

@@ -9,6 +9,6 @@ pub mod variant;
 
 pub use cache::{CacheOutcome, KernelCache};
 pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resources};
-pub use error::FlashError;
 pub use cudarc;
+pub use error::FlashError;
 pub use variant::{ParamArg, Variant};

@@ -70,9 +70,11 @@ impl Lib {
     }
     fn hint(self) -> String {
         match self {
-            Lib::Nvrtc => "install NVRTC 13.0 with `scripts/setup-nvrtc.sh` (PyPI wheel, no GPU needed), \
+            Lib::Nvrtc => {
+                "install NVRTC 13.0 with `scripts/setup-nvrtc.sh` (PyPI wheel, no GPU needed), \
                  or set FLASH_NVRTC_PATH to libnvrtc.so.13, or CUDA_PATH to a CUDA 13 toolkit"
-                .to_string(),
+                    .to_string()
+            }
             Lib::Driver => "no NVIDIA driver library found (is there a GPU and its driver?); \
                  set FLASH_CUDA_LIB to libcuda.so.1 if it lives elsewhere"
                 .to_string(),
@@ -201,7 +203,10 @@ fn try_file(lib: Lib, path: &Path, failures: &mut Vec<String>) -> Option<LoadedL
         _ => None,
     };
     match dlopen_global(path) {
-        Ok(_) => Some(LoadedLib { path: path.to_path_buf(), builtins }),
+        Ok(_) => Some(LoadedLib {
+            path: path.to_path_buf(),
+            builtins,
+        }),
         Err(e) => {
             failures.push(format!("{}: {e}", path.display()));
             None
@@ -221,7 +226,11 @@ fn search_and_load(lib: Lib) -> Result<LoadedLib, FlashError> {
             hint.push('\n');
         }
         hint.push_str(&lib.hint());
-        FlashError::LibraryNotFound { lib: lib.short().to_string(), searched, hint }
+        FlashError::LibraryNotFound {
+            lib: lib.short().to_string(),
+            searched,
+            hint,
+        }
     };
 
     // 1. The explicit setting is the only candidate when present.
@@ -241,7 +250,11 @@ fn search_and_load(lib: Lib) -> Result<LoadedLib, FlashError> {
         return Err(not_found(
             searched,
             failures,
-            format!("{} is set to {}, which does not hold a loadable library", lib.env_var(), p.display()),
+            format!(
+                "{} is set to {}, which does not hold a loadable library",
+                lib.env_var(),
+                p.display()
+            ),
         ));
     }
 
@@ -260,7 +273,10 @@ fn search_and_load(lib: Lib) -> Result<LoadedLib, FlashError> {
     for name in lib.file_names() {
         let p = PathBuf::from(name);
         if dlopen_global(&p).is_ok() {
-            return Ok(LoadedLib { path: p, builtins: None });
+            return Ok(LoadedLib {
+                path: p,
+                builtins: None,
+            });
         }
         searched.push(PathBuf::from(format!("{name} (dynamic loader search)")));
     }
@@ -364,7 +380,9 @@ pub fn probe_gpus() -> GpuProbe {
     }
     let mut out = Vec::new();
     for ordinal in 0..n {
-        let Ok(dev) = result::device::get(ordinal) else { continue };
+        let Ok(dev) = result::device::get(ordinal) else {
+            continue;
+        };
         let name = result::device::get_name(dev).unwrap_or_else(|_| "unknown".to_string());
         // SAFETY: `dev` is a valid device handle from cuDeviceGet after a successful cuInit.
         let (maj, min, mem) = unsafe {
@@ -382,7 +400,12 @@ pub fn probe_gpus() -> GpuProbe {
                 result::device::total_mem(dev).unwrap_or(0),
             )
         };
-        out.push(GpuInfo { ordinal, name, compute_capability: (maj, min), total_mem_bytes: mem });
+        out.push(GpuInfo {
+            ordinal,
+            name,
+            compute_capability: (maj, min),
+            total_mem_bytes: mem,
+        });
     }
     GpuProbe::Devices(out)
 }
@@ -400,14 +423,20 @@ mod tests {
             .iter()
             .position(|d| d.ends_with(".nvrtc/nvidia/cu13/lib"))
             .expect("wheel dir searched");
-        assert!(std_pos < wheel_pos, "standard locations come before the wheel");
+        assert!(
+            std_pos < wheel_pos,
+            "standard locations come before the wheel"
+        );
     }
 
     #[test]
     fn not_found_message_lists_paths() {
         let e = FlashError::LibraryNotFound {
             lib: "nvrtc".into(),
-            searched: vec![PathBuf::from("/a/libnvrtc.so.13"), PathBuf::from("/b/libnvrtc.so")],
+            searched: vec![
+                PathBuf::from("/a/libnvrtc.so.13"),
+                PathBuf::from("/b/libnvrtc.so"),
+            ],
             hint: "install it".into(),
         };
         let s = e.to_string();

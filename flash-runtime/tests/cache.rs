@@ -18,7 +18,12 @@ fn opts() -> CompileOptions {
 fn entries(root: &Path) -> Vec<PathBuf> {
     let dir = root.join(format!("v{FORMAT_VERSION}"));
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "fkc")).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "fkc"))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -68,20 +73,30 @@ fn memory_then_disk_hits() {
         assert_eq!(o3, CacheOutcome::DiskHit);
         // A disk hit returns what was compiled (compile_ms may differ in the last bit: JSON).
         assert!(k3.cubin == k1.cubin, "cubin differs");
-        assert_eq!((&k3.kernel_name, &k3.arch, &k3.log, k3.resources), (&k1.kernel_name, &k1.arch, &k1.log, k1.resources));
+        assert_eq!(
+            (&k3.kernel_name, &k3.arch, &k3.log, k3.resources),
+            (&k1.kernel_name, &k1.arch, &k1.log, k1.resources)
+        );
         assert!((k3.compile_ms - k1.compile_ms).abs() < 1e-6);
         best = best.min(fresh.stats().last_disk_load_ms);
     }
-    eprintln!("cold compile {:.1} ms, disk hit {best:.3} ms (best of 5)", k1.compile_ms);
+    eprintln!(
+        "cold compile {:.1} ms, disk hit {best:.3} ms (best of 5)",
+        k1.compile_ms
+    );
     // The goal is <= 2 ms; allow slack for a loaded debug-build CI machine.
     assert!(best < 20.0, "disk hit took {best} ms");
 
     // Another arch is another key.
-    let (_, o4) = c.get_or_compile(&tiny_kernel("hits"), &CompileOptions::new("sm_90a")).unwrap();
+    let (_, o4) = c
+        .get_or_compile(&tiny_kernel("hits"), &CompileOptions::new("sm_90a"))
+        .unwrap();
     assert_eq!(o4, CacheOutcome::Miss);
     let listed = c.list();
     assert_eq!(listed.len(), 2);
-    assert!(listed.iter().all(|e| e.valid && e.kernel_name.as_deref() == Some("flash_test_axpy")));
+    assert!(listed
+        .iter()
+        .all(|e| e.valid && e.kernel_name.as_deref() == Some("flash_test_axpy")));
     assert_eq!(c.clear().unwrap(), 2);
     assert!(entries(root.path()).is_empty());
     let (_, o5) = c.get_or_compile(&tiny_kernel("hits"), &opts()).unwrap();
@@ -92,25 +107,44 @@ fn memory_then_disk_hits() {
 /// asks the shared cache for the same kernel and prints the outcome.
 #[test]
 fn child_get_or_compile() {
-    let Some(root) = std::env::var_os("FLASH_TEST_CHILD_CACHE") else { return };
-    let start_at: u128 = std::env::var("FLASH_TEST_START_AT").unwrap().parse().unwrap();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let Some(root) = std::env::var_os("FLASH_TEST_CHILD_CACHE") else {
+        return;
+    };
+    let start_at: u128 = std::env::var("FLASH_TEST_START_AT")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     if start_at > now {
         std::thread::sleep(Duration::from_millis((start_at - now) as u64));
     }
     let c = KernelCache::new(Some(PathBuf::from(root)));
-    let (k, o) = c.get_or_compile(&tiny_kernel("concurrent"), &opts()).unwrap();
+    let (k, o) = c
+        .get_or_compile(&tiny_kernel("concurrent"), &opts())
+        .unwrap();
     assert_eq!(&k.cubin[..4], b"\x7fELF");
     println!("FLASH_TEST_OUTCOME={o:?}");
 }
 
 fn spawn_children(root: &Path, n: usize) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
-    let start_at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() + 1500;
+    let start_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 1500;
     let children: Vec<_> = (0..n)
         .map(|_| {
             Command::new(&exe)
-                .args(["child_get_or_compile", "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    "child_get_or_compile",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("FLASH_TEST_CHILD_CACHE", root)
                 .env("FLASH_TEST_START_AT", start_at.to_string())
                 // The wheel's folder is never on the loader path: the runtime must find NVRTC
@@ -127,10 +161,18 @@ fn spawn_children(root: &Path, n: usize) -> Vec<String> {
         .map(|c| {
             let out = c.wait_with_output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "child failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             stdout
                 .lines()
-                .find_map(|l| l.split("FLASH_TEST_OUTCOME=").nth(1).map(|o| o.trim().to_string()))
+                .find_map(|l| {
+                    l.split("FLASH_TEST_OUTCOME=")
+                        .nth(1)
+                        .map(|o| o.trim().to_string())
+                })
                 .unwrap_or_else(|| panic!("child printed no outcome:\n{stdout}"))
         })
         .collect()
@@ -145,11 +187,18 @@ fn concurrent_processes_compile_once() {
     let outcomes = spawn_children(root.path(), 6);
     let misses = outcomes.iter().filter(|o| *o == "Miss").count();
     assert_eq!(misses, 1, "exactly one process compiles: {outcomes:?}");
-    assert!(outcomes.iter().all(|o| o == "Miss" || o == "DiskHit"), "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| o == "Miss" || o == "DiskHit"),
+        "{outcomes:?}"
+    );
     assert_eq!(entries(root.path()).len(), 1);
     // No temp file left behind.
     let dir = root.path().join(format!("v{FORMAT_VERSION}"));
-    let stray: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.path().to_string_lossy().ends_with(".tmp")).collect();
+    let stray: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(stray.is_empty(), "{stray:?}");
 }
 
@@ -163,7 +212,10 @@ fn writer_killed_mid_write_is_a_miss() {
     let bytes = std::fs::read(&entry).unwrap();
     // What a writer killed before `rename` leaves: a partial temp file beside no entry ...
     std::fs::remove_file(&entry).unwrap();
-    let tmp = entry.with_file_name(format!(".{}.999.1.tmp", entry.file_stem().unwrap().to_string_lossy()));
+    let tmp = entry.with_file_name(format!(
+        ".{}.999.1.tmp",
+        entry.file_stem().unwrap().to_string_lossy()
+    ));
     std::fs::write(&tmp, &bytes[..bytes.len() / 3]).unwrap();
     assert_miss_then_rebuilt(root.path(), "killed");
     // ... and what a non-atomic writer (or a full disk) would leave: a truncated entry.
@@ -244,14 +296,22 @@ fn unwritable_folder_degrades_to_memory_only() {
         use std::os::unix::fs::PermissionsExt;
         let ro = tmp.path().join("read-only");
         std::fs::create_dir_all(ro.join(format!("v{FORMAT_VERSION}"))).unwrap();
-        std::fs::set_permissions(ro.join(format!("v{FORMAT_VERSION}")), std::fs::Permissions::from_mode(0o555)).unwrap();
+        std::fs::set_permissions(
+            ro.join(format!("v{FORMAT_VERSION}")),
+            std::fs::Permissions::from_mode(0o555),
+        )
+        .unwrap();
         roots.push(ro);
     } else {
         eprintln!("running as root: chmod 555 would not stop writes; testing the path-below-a-file case only");
     }
     for root in roots {
         let c = KernelCache::new(Some(root.clone()));
-        assert!(!c.is_persistent(), "{} must be detected as unwritable", root.display());
+        assert!(
+            !c.is_persistent(),
+            "{} must be detected as unwritable",
+            root.display()
+        );
         let (_, o1) = c.get_or_compile(&tiny_kernel("readonly"), &opts()).unwrap();
         let (_, o2) = c.get_or_compile(&tiny_kernel("readonly"), &opts()).unwrap();
         assert_eq!((o1, o2), (CacheOutcome::Miss, CacheOutcome::MemoryHit));

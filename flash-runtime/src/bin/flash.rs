@@ -1,1 +1,5 @@
-fn main() {}
+//! The `flash` command: see `flash --help` and `flash_runtime::cli`.
+
+fn main() -> std::process::ExitCode {
+    flash_runtime::cli::main()
+}

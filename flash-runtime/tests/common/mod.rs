@@ -15,7 +15,9 @@ pub fn nvrtc_required() -> bool {
 pub fn have_nvrtc(test: &str) -> bool {
     match flash_runtime::libs::ensure_nvrtc() {
         Ok(_) => true,
-        Err(e) if nvrtc_required() => panic!("{test}: NVRTC is required here (CI / FLASH_REQUIRE_NVRTC) but missing:\n{e}"),
+        Err(e) if nvrtc_required() => {
+            panic!("{test}: NVRTC is required here (CI / FLASH_REQUIRE_NVRTC) but missing:\n{e}")
+        }
         Err(e) => {
             eprintln!(
                 "\n!!!!! SKIPPING {test}: NVRTC not found (run scripts/setup-nvrtc.sh) !!!!!\n{e}\n"
@@ -57,7 +59,9 @@ extern "C" __global__ void flash_test_axpy(float a, const float* __restrict__ x,
 pub fn broken_kernel() -> CudaSource {
     CudaSource {
         kernel_name: "flash_test_broken".into(),
-        source: "extern \"C\" __global__ void flash_test_broken(float* y) { y[0] = undefined_name; }\n".into(),
+        source:
+            "extern \"C\" __global__ void flash_test_broken(float* y) { y[0] = undefined_name; }\n"
+                .into(),
         headers: vec![],
         smem_bytes: 0,
         threads: 32,

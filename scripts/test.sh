@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The project's test command (README "Testing"; CI runs exactly this through .ci/run).
+# Installs NVRTC from its wheel, then formatting, lints and every test, with NVRTC-dependent
+# tests required to run (they fail instead of skipping when NVRTC is missing).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+echo "==> NVRTC"
+scripts/setup-nvrtc.sh
+
+export FLASH_REQUIRE_NVRTC=1
+# Keep tests off the user's cache folder.
+export FLASH_CACHE_DIR="${FLASH_CACHE_DIR:-$(mktemp -d)}"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "==> cargo test"
+cargo test --workspace
