@@ -72,7 +72,7 @@ pub struct VariantArgs {
     pub dtype: Option<DTypeArg>,
     /// Override the tile configuration: `BLOCK_MxBLOCK_NxWARPSxSTAGES`, e.g. `128x64x4x2`.
     #[arg(long, value_parser = parse_tile)]
-    pub tile: Option<TileConfig>,
+    pub tile: Option<TileOverride>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -90,7 +90,26 @@ impl From<DTypeArg> for DType {
     }
 }
 
-fn parse_tile(s: &str) -> Result<TileConfig, String> {
+/// A `--tile` override. It is applied on top of the planner's default configuration for the
+/// spec, so fields the planner adds later keep their default values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileOverride {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub warps: u32,
+    pub stages: u32,
+}
+
+impl TileOverride {
+    pub fn apply(&self, cfg: &mut TileConfig) {
+        cfg.block_m = self.block_m;
+        cfg.block_n = self.block_n;
+        cfg.warps = self.warps;
+        cfg.stages = self.stages;
+    }
+}
+
+fn parse_tile(s: &str) -> Result<TileOverride, String> {
     let parts: Vec<u32> = s
         .split(['x', 'X', ','])
         .map(|p| {
@@ -100,7 +119,7 @@ fn parse_tile(s: &str) -> Result<TileConfig, String> {
         })
         .collect::<Result<_, _>>()?;
     match parts.as_slice() {
-        [block_m, block_n, warps, stages] => Ok(TileConfig {
+        [block_m, block_n, warps, stages] => Ok(TileOverride {
             block_m: *block_m,
             block_n: *block_n,
             warps: *warps,
@@ -148,10 +167,19 @@ impl VariantArgs {
 
     /// Plans one spec with the `--tile` override (or the planner's default).
     pub fn plan(&self, spec: &VariantSpec) -> Result<KernelPlan, FlashError> {
-        flash_dsl::plan(spec, self.tile).map_err(|e| FlashError::Plan {
+        let err = |e: &dyn std::fmt::Display| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
-        })
+        };
+        let default = flash_dsl::plan(spec, None).map_err(|e| err(&e))?;
+        match self.tile {
+            None => Ok(default),
+            Some(t) => {
+                let mut cfg = default.config;
+                t.apply(&mut cfg);
+                flash_dsl::plan(spec, Some(cfg)).map_err(|e| err(&e))
+            }
+        }
     }
 
     /// Loads, plans and emits every selected declaration.
@@ -527,7 +555,7 @@ mod tests {
     fn tile_syntax() {
         assert_eq!(
             parse_tile("128x64x4x2").unwrap(),
-            TileConfig {
+            TileOverride {
                 block_m: 128,
                 block_n: 64,
                 warps: 4,
