@@ -76,7 +76,7 @@ pub enum Value {
     /// `dtype: bf16`.
     DType(Ident),
     /// `scale`, `mask` and `score`: an expression.
-    Expr(ExprValue),
+    Expr(Box<ExprValue>),
     /// `params: { name: type, ... }`.
     Params(Vec<ParamAst>),
     /// The value of an unknown key, as written.

@@ -103,7 +103,7 @@ fn parse_entry(input: ParseStream) -> syn::Result<Entry> {
         "head_dim" => Value::HeadDim(parse_head_dim(input)?),
         "dtype" => Value::DType(input.parse()?),
         "params" => Value::Params(parse_params(input)?),
-        "scale" | "mask" | "score" => Value::Expr(parse_expr_value(input, &key)?),
+        "scale" | "mask" | "score" => Value::Expr(Box::new(parse_expr_value(input, &key)?)),
         _ => Value::Other(tokens_until_comma(input)?),
     };
     Ok(Entry { key, value })
@@ -213,7 +213,11 @@ fn parse_expr_value(input: ParseStream, key: &Ident) -> syn::Result<ExprValue> {
     }
     // Wrap the value in a group spanning its last token, so that "unexpected end of input"
     // points at the value and not at the whole call site.
-    let last = tokens.clone().into_iter().last().map_or(key.span(), |t| t.span());
+    let last = tokens
+        .clone()
+        .into_iter()
+        .last()
+        .map_or(key.span(), |t| t.span());
     let mut group = Group::new(Delimiter::Parenthesis, split_index_commas(tokens.clone()));
     group.set_span(last);
     let expr = (|input: ParseStream| {
@@ -270,7 +274,8 @@ mod tests {
         for entry in std::fs::read_dir(examples_dir()).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "flash") {
-                let specs = parse_file(&path).unwrap_or_else(|e| panic!("{}:\n{e}", path.display()));
+                let specs =
+                    parse_file(&path).unwrap_or_else(|e| panic!("{}:\n{e}", path.display()));
                 assert!(!specs.is_empty(), "{}", path.display());
                 n += 1;
             }
@@ -320,7 +325,10 @@ mod tests {
         let diags = parse_str(src).unwrap_err();
         let text = render("a.flash", src, &diags);
         assert!(text.contains("--> a.flash:4:9"), "{text}");
-        assert!(text.contains("4 |   mask: q + k,\n  |         ^^^^^\n"), "{text}");
+        assert!(
+            text.contains("4 |   mask: q + k,\n  |         ^^^^^\n"),
+            "{text}"
+        );
     }
 
     #[test]

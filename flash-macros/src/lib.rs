@@ -108,7 +108,11 @@ fn doc_attrs(decl: &Decl) -> TokenStream {
 fn emit_unit_struct(decl: &Decl) -> TokenStream {
     let vis = vis(decl);
     let name = &decl.name;
-    let docs = if decl.attrs.iter().all(|a| flash_dsl::ast::doc_text(a).is_some()) {
+    let docs = if decl
+        .attrs
+        .iter()
+        .all(|a| flash_dsl::ast::doc_text(a).is_some())
+    {
         doc_attrs(decl)
     } else {
         TokenStream::new()
@@ -137,12 +141,16 @@ fn emit(decl: &Decl, spec: &VariantSpec) -> TokenStream {
     for p in &spec.params {
         let f = Ident::new(&p.name, Span::call_site());
         let (ty, arg, desc) = match &p.kind {
-            ParamKind::Scalar(ScalarTy::F32) => {
-                (quote!(f32), quote!(#rt::ParamArg::F32(params.#f)), "f32".to_string())
-            }
-            ParamKind::Scalar(ScalarTy::I32) => {
-                (quote!(i32), quote!(#rt::ParamArg::I32(params.#f)), "i32".to_string())
-            }
+            ParamKind::Scalar(ScalarTy::F32) => (
+                quote!(f32),
+                quote!(#rt::ParamArg::F32(params.#f)),
+                "f32".to_string(),
+            ),
+            ParamKind::Scalar(ScalarTy::I32) => (
+                quote!(i32),
+                quote!(#rt::ParamArg::I32(params.#f)),
+                "i32".to_string(),
+            ),
             ParamKind::Tensor { elem, dims } => {
                 let dims: Vec<String> = dims
                     .iter()
@@ -204,7 +212,7 @@ fn emit(decl: &Decl, spec: &VariantSpec) -> TokenStream {
 
         impl<'a> #params_ty<'a> {
             #[doc = #new_doc]
-            #[allow(clippy::too_many_arguments)]
+            #[allow(clippy::too_many_arguments, clippy::new_without_default)]
             pub fn new(#(#ctor_args),*) -> Self {
                 Self { #(#field_names,)* _marker: ::core::marker::PhantomData }
             }

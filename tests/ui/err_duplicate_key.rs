@@ -1,0 +1,10 @@
+flash_macros::attention! {
+    pub Bad {
+        head_dim: 128,
+        dtype: bf16,
+        mask: causal,
+        mask: q >= k,
+    }
+}
+
+fn main() {}

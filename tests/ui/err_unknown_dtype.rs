@@ -1,0 +1,8 @@
+flash_macros::attention! {
+    pub Bad {
+        head_dim: 128,
+        dtype: f32,
+    }
+}
+
+fn main() {}

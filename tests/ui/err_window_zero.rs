@@ -1,0 +1,9 @@
+flash_macros::attention! {
+    pub Bad {
+        head_dim: 128,
+        dtype: bf16,
+        mask: window(0),
+    }
+}
+
+fn main() {}
