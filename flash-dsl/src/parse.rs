@@ -29,7 +29,22 @@ pub fn parse_str(src: &str) -> Result<Vec<VariantSpec>, Vec<Diagnostic>> {
     let ts: TokenStream = src
         .parse()
         .map_err(|e: proc_macro2::LexError| vec![Diagnostic::new(e.span(), e.to_string())])?;
-    let decls = parse_tokens(ts).map_err(syn_to_diags)?;
+    // syn reports "unexpected end of input" at the call site, which has no place in the
+    // file; point such errors at the last token instead.
+    let end = ts.clone().into_iter().last().map(|tt| match tt {
+        TokenTree::Group(g) => g.span_close(),
+        other => other.span(),
+    });
+    let decls = parse_tokens(ts).map_err(|e| {
+        let mut diags = syn_to_diags(e);
+        for d in &mut diags {
+            let site = proc_macro2::Span::call_site();
+            if (d.span.start(), d.span.end()) == (site.start(), site.end()) {
+                d.span = end.unwrap_or(d.span);
+            }
+        }
+        diags
+    })?;
     validate_all(&decls).map_err(|reports| reports.into_iter().map(|r| r.diagnostic).collect())
 }
 
@@ -53,7 +68,7 @@ fn parse_decls(input: ParseStream) -> syn::Result<Vec<Decl>> {
         decls.push(input.parse()?);
     }
     if decls.is_empty() {
-        return Err(input.error("expected at least one declaration, e.g. `pub Causal { head_dim: 128, dtype: bf16, mask: causal }`"));
+        return Err(syn::Error::new(proc_macro2::Span::call_site(), "expected at least one declaration, e.g. `pub Causal { head_dim: 128, dtype: bf16, mask: causal }`"));
     }
     Ok(decls)
 }
@@ -340,6 +355,17 @@ mod tests {
         let diags = parse_str("A { mask: q < , }").unwrap_err();
         assert_eq!(diags.len(), 1);
         assert_eq!(diags[0].line_col().0, 1);
+        // An error at the end of input points at the last token.
+        let diags = parse_str("/// doc\npub A").unwrap_err();
+        assert_eq!(diags[0].line_col(), (2, 5), "{}", diags[0].message);
+        let diags = parse_str("").unwrap_err();
+        assert!(
+            diags[0]
+                .message
+                .starts_with("expected at least one declaration"),
+            "{}",
+            diags[0].message
+        );
     }
 
     #[test]

@@ -140,10 +140,17 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ));
             return None;
         }
-        let v = match const_eval(&e)? {
-            Const::Int(v) => v as f64,
-            Const::Float(v) => v,
-            Const::Bool(_) => return None,
+        let v = match const_eval(&e) {
+            Some(Const::Int(v)) => v as f64,
+            Some(Const::Float(v)) => v,
+            _ => {
+                // Division by zero or overflow in a constant: no value to check.
+                errs.push(Report::spanned(
+                    &sv.tokens,
+                    "scale must be a constant number, like `0.125`; this one has no value",
+                ));
+                return None;
+            }
         };
         if !(v > 0.0 && v.is_finite()) {
             errs.push(Report::spanned(
@@ -1355,6 +1362,7 @@ mod tests {
         one("scale: 0", "scale must be positive and finite; got 0");
         one("scale: -1.5", "scale must be positive and finite; got -1.5");
         one("scale: q", "scale must be a constant number");
+        one("scale: 1 % 0", "this one has no value");
         one("mask: s > 0.0", "`s` (the score) cannot be used in `mask`");
         one("mask: q - k", "mask must be a bool expression; got int");
         one("score: q < k", "score must be a number");

@@ -43,9 +43,13 @@ pub fn attention(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
 }
 
 fn expand(input: TokenStream) -> TokenStream {
-    let decls = match flash_dsl::parse::parse_tokens(input) {
+    let decls = match flash_dsl::parse::parse_tokens(input.clone()) {
         Ok(d) => d,
-        Err(e) => return e.to_compile_error(),
+        Err(e) => {
+            let mut out = e.to_compile_error();
+            out.extend(guess_unit_structs(input));
+            return out;
+        }
     };
     let mut out = TokenStream::new();
     let mut errors: Option<syn::Error> = None;
@@ -73,6 +77,34 @@ fn expand(input: TokenStream) -> TokenStream {
     }
     if let Some(e) = errors {
         out.extend(e.to_compile_error());
+    }
+    out
+}
+
+/// After a syntax error: unit structs for every top-level `pub? Name { .. }` that can still be
+/// recognised, so that uses of the names elsewhere do not pile more errors on the real one.
+fn guess_unit_structs(input: TokenStream) -> TokenStream {
+    use proc_macro2::{Delimiter, TokenTree};
+    let tts: Vec<TokenTree> = input.into_iter().collect();
+    let mut out = TokenStream::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, pair) in tts.windows(2).enumerate() {
+        let (TokenTree::Ident(name), TokenTree::Group(g)) = (&pair[0], &pair[1]) else {
+            continue;
+        };
+        if g.delimiter() != Delimiter::Brace || name == "pub" || !seen.insert(name.to_string()) {
+            continue;
+        }
+        let is_pub = i > 0 && matches!(&tts[i - 1], TokenTree::Ident(p) if p == "pub");
+        let vis = if is_pub {
+            quote!(pub)
+        } else {
+            TokenStream::new()
+        };
+        out.extend(quote! {
+            #[derive(Debug, Clone, Copy, Default)]
+            #vis struct #name;
+        });
     }
     out
 }
