@@ -53,6 +53,8 @@ pub enum Command {
     Cache(CacheCommand),
     /// Show which NVRTC and driver libraries were found, and the GPUs.
     Info,
+    /// Run one forward pass on `.npy` inputs on the GPU.
+    Run(crate::cli_run::RunArgs),
 }
 
 /// Which declarations of which file, with optional overrides. Shared by every subcommand that
@@ -295,6 +297,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, FlashError> {
         Command::Compile(a) => cmd_compile(&a),
         Command::Cache(c) => cmd_cache(&c),
         Command::Info => cmd_info(cli.verbose > 0),
+        Command::Run(a) => crate::cli_run::cli_run(&a),
     }
 }
 
