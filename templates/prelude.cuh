@@ -6,6 +6,7 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
+typedef unsigned long long u64;
 
 #define FLASH_INF __int_as_float(0x7f800000)
 #define FLASH_LOG2E 1.4426950408889634f  // 1/ln 2: exp(x) = exp2(x * LOG2E)

@@ -12,11 +12,15 @@ use handlebars::Handlebars;
 use serde::Serialize;
 
 use crate::args::HEADER_CPP;
-use crate::plan::{AffineAtom, CmpOp, KernelPlan, MaskTree};
+use crate::plan::{AffineAtom, CmpOp, KernelFamily, KernelPlan, MaskTree};
 use crate::spec::{BinOp, DType, Dim, Expr, Func, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Var};
 
-/// The kernel skeleton.
-pub const FORWARD_TEMPLATE: &str = include_str!("../../templates/forward.cu.hbs");
+/// Declarations, argument struct and mask/score hooks shared by both kernel skeletons.
+pub const COMMON_TEMPLATE: &str = include_str!("../../templates/common.cu.hbs");
+/// The mma.sync skeleton (sm_80 and later).
+pub const FORWARD_SM80_TEMPLATE: &str = include_str!("../../templates/forward_sm80.cu.hbs");
+/// The wgmma skeleton (sm_90a).
+pub const FORWARD_SM90_TEMPLATE: &str = include_str!("../../templates/forward_sm90.cu.hbs");
 /// The device prelude, handed to NVRTC as the named header `flash_prelude.cuh`.
 pub const PRELUDE: &str = include_str!("../../templates/prelude.cuh");
 /// Include name of [`PRELUDE`].
@@ -68,6 +72,7 @@ struct Context {
     score_expr: String,
     classify_body: String,
     hull_body: String,
+    wgmma_decls: String,
 }
 
 /// Emits the CUDA source of `plan`.
@@ -78,7 +83,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         DType::F16 => ("f16", "f16x2"),
         DType::Bf16 => ("bf16", "bf16x2"),
     };
-    let cx = ExprCx { params: &spec.params };
+    let cx = ExprCx {
+        params: &spec.params,
+    };
     let (classify_body, hull_body, mask_expr) = match &plan.mask {
         Some(m) => (
             classify_body(&m.tree, &m.atoms, &cx),
@@ -119,12 +126,29 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         score_expr: spec.score.as_ref().map(|e| cx.expr(e)).unwrap_or_default(),
         classify_body,
         hull_body,
+        wgmma_decls: match cfg.family {
+            KernelFamily::Sm90 => {
+                let dv_mma = spec.head_dim_v.div_ceil(16) * 16;
+                format!(
+                    "{}\n{}",
+                    wgmma_ss("wgmma_s", cfg.block_n, mma_type),
+                    wgmma_rs("wgmma_o", dv_mma, mma_type)
+                )
+            }
+            KernelFamily::Sm80 => String::new(),
+        },
     };
     let mut hb = Handlebars::new();
     hb.set_strict_mode(true);
     hb.register_escape_fn(handlebars::no_escape);
+    hb.register_partial("common", COMMON_TEMPLATE)
+        .expect("the common partial parses");
+    let skeleton = match cfg.family {
+        KernelFamily::Sm80 => FORWARD_SM80_TEMPLATE,
+        KernelFamily::Sm90 => FORWARD_SM90_TEMPLATE,
+    };
     let source = hb
-        .render_template(FORWARD_TEMPLATE, &ctx)
+        .render_template(skeleton, &ctx)
         .expect("the forward template renders for every plan (a failure here is a generator bug)");
     CudaSource {
         kernel_name: plan.kernel_name.clone(),
@@ -133,6 +157,48 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         smem_bytes: plan.smem_bytes,
         threads: cfg.warps * 32,
     }
+}
+
+/// `wgmma` with A and B from shared memory (both K-major), m64·n·k16, fp32 accumulate into `d`
+/// (n/2 registers per thread); `scale_d == 0` overwrites instead of accumulating.
+fn wgmma_ss(name: &str, n: u32, ty: &str) -> String {
+    let regs = n / 2;
+    let outs: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let binds: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    format!(
+        "__device__ __forceinline__ void {name}(float* d, u64 da, u64 db, int scale_d) {{\n  \
+         asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sd}, 0;\\n\"\n    \
+         \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, %{da}, %{db}, p, 1, 1, 0, 0;\\n}}\"\n    \
+         : {binds}\n    : \"l\"(da), \"l\"(db), \"r\"(scale_d));\n}}\n",
+        outs = outs.join(", "),
+        binds = binds.join(", "),
+        da = regs,
+        db = regs + 1,
+        sd = regs + 2,
+    )
+}
+
+/// `wgmma` with A from registers (the P fragments) and B from shared memory, N-major (read
+/// transposed), m64·n·k16, accumulating into `d`.
+fn wgmma_rs(name: &str, n: u32, ty: &str) -> String {
+    let regs = n / 2;
+    let outs: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let binds: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    format!(
+        "__device__ __forceinline__ void {name}(float* d, const u32* a, u64 db) {{\n  \
+         asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{one}, 0;\\n\"\n    \
+         \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{outs}}}, \
+         {{%{a0}, %{a1}, %{a2}, %{a3}}}, %{db}, p, 1, 1, 1;\\n}}\"\n    \
+         : {binds}\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(1));\n}}\n",
+        outs = outs.join(", "),
+        binds = binds.join(", "),
+        a0 = regs,
+        a1 = regs + 1,
+        a2 = regs + 2,
+        a3 = regs + 3,
+        db = regs + 4,
+        one = regs + 5,
+    )
 }
 
 fn field_name(p: &ParamDecl) -> String {
@@ -149,7 +215,9 @@ fn scalar_cpp(t: ScalarTy) -> &'static str {
 fn param_field(p: &ParamDecl) -> String {
     match &p.kind {
         ParamKind::Scalar(t) => format!("{} {};", scalar_cpp(*t), field_name(p)),
-        ParamKind::Tensor { elem, .. } => format!("const {}* {};", scalar_cpp(*elem), field_name(p)),
+        ParamKind::Tensor { elem, .. } => {
+            format!("const {}* {};", scalar_cpp(*elem), field_name(p))
+        }
     }
 }
 
@@ -354,7 +422,13 @@ fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
     out
 }
 
-fn hull_node(t: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, out: &mut String, n: &mut usize) -> String {
+fn hull_node(
+    t: &MaskTree,
+    atoms: &[AffineAtom],
+    cx: &ExprCx,
+    out: &mut String,
+    n: &mut usize,
+) -> String {
     let id = format!("r{n}");
     *n += 1;
     match t {
@@ -365,7 +439,11 @@ fn hull_node(t: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, out: &mut String, 
             let a = &atoms[*i];
             let off = cx.expr(&a.offset);
             // g(q) = cq·q + offset over [q0, q1]
-            let (q_at_min, q_at_max) = if a.cq >= 0 { ("q0", "q1") } else { ("q1", "q0") };
+            let (q_at_min, q_at_max) = if a.cq >= 0 {
+                ("q0", "q1")
+            } else {
+                ("q1", "q0")
+            };
             let gmin = format!("{}LL * {q_at_min} + {id}_g0", a.cq);
             let gmax = format!("{}LL * {q_at_max} + {id}_g0", a.cq);
             let c = a.ck.abs();
@@ -385,11 +463,13 @@ fn hull_node(t: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, out: &mut String, 
             };
             let bounds_upper = matches!(
                 (a.op, a.ck > 0),
-                (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, true) | (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, false)
+                (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, true)
+                    | (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, false)
             );
             let bounds_lower = matches!(
                 (a.op, a.ck > 0),
-                (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, true) | (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, false)
+                (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, true)
+                    | (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, false)
             );
             let lo = if bounds_lower { lower } else { "NEG".into() };
             let hi = if bounds_upper { upper } else { "POS".into() };
@@ -401,7 +481,11 @@ fn hull_node(t: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, out: &mut String, 
         MaskTree::And(xs) | MaskTree::Or(xs) => {
             let kids: Vec<String> = xs.iter().map(|x| hull_node(x, atoms, cx, out, n)).collect();
             let and = matches!(t, MaskTree::And(_));
-            let (flo, fhi) = if and { ("flash::lmax", "flash::lmin") } else { ("flash::lmin", "flash::lmax") };
+            let (flo, fhi) = if and {
+                ("flash::lmax", "flash::lmin")
+            } else {
+                ("flash::lmin", "flash::lmax")
+            };
             let lo = kids
                 .iter()
                 .map(|k| format!("{k}_lo"))

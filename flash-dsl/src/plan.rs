@@ -23,6 +23,39 @@ pub struct TileConfig {
     pub warps: u32,
     /// K/V shared-memory buffers in flight (1 = no prefetch, 2 = double buffering).
     pub stages: u32,
+    /// Which kernel skeleton expands the plan.
+    #[serde(default)]
+    pub family: KernelFamily,
+}
+
+/// The kernel skeleton a plan expands. Both compute the same function; they differ in the
+/// tensor-core instructions and therefore in the GPUs they run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum KernelFamily {
+    /// `mma.sync` fed by `ldmatrix`, each warp owning 16 or 32 query rows: any GPU from sm_80.
+    #[default]
+    Sm80,
+    /// `wgmma` with operands in shared memory, each warpgroup owning 64 query rows: sm_90a only.
+    Sm90,
+}
+
+impl KernelFamily {
+    /// The fastest family a GPU of this architecture (`sm_80`, `sm_90a`, …) can run.
+    pub fn for_arch(arch: &str) -> KernelFamily {
+        if arch.starts_with("sm_90") {
+            KernelFamily::Sm90
+        } else {
+            KernelFamily::Sm80
+        }
+    }
+
+    /// Whether a kernel of this family can be compiled for `arch`.
+    pub fn runs_on(self, arch: &str) -> bool {
+        match self {
+            KernelFamily::Sm80 => true,
+            KernelFamily::Sm90 => arch == "sm_90a",
+        }
+    }
 }
 
 /// Comparison of an affine atom against zero.
@@ -151,12 +184,40 @@ pub enum PlanError {
     HeadDim { which: &'static str, value: u32 },
     #[error("the tiles need {bytes} bytes of shared memory; the limit is {limit}")]
     SharedMemory { bytes: u32, limit: u32 },
+    #[error(
+        "the sm90 kernel gives each warpgroup 64 query rows: block_m must be 64, 128 or 192 with warps = block_m / 16; got block_m {block_m}, warps {warps}"
+    )]
+    Warpgroups { block_m: u32, warps: u32 },
+    #[error("the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}")]
+    Sm90Tile { block_n: u32, stages: u32 },
 }
 
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
 pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 
-/// The default tile configuration for a spec, by its larger head dim.
+/// The default tile configuration for a spec and kernel family, by its larger head dim.
+///
+/// sm90 (measured on an H200, `bench/results/`): 128 query rows in two warpgroups; 128 keys per
+/// step at head dim 128 (fewer steps, the wgmma n extent amortises the softmax), 64 at head dim
+/// 64 where the 128-key tile was 20% slower.
+pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
+    match family {
+        KernelFamily::Sm80 => default_config(spec),
+        KernelFamily::Sm90 => {
+            let d = spec.head_dim_qk.max(spec.head_dim_v);
+            let block_n = if d <= 64 || d > 128 { 64 } else { 128 };
+            TileConfig {
+                block_m: 128,
+                block_n,
+                warps: 8,
+                stages: 2,
+                family,
+            }
+        }
+    }
+}
+
+/// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {
     let d = spec.head_dim_qk.max(spec.head_dim_v);
     // Up to 128 the Q tile and two K/V stages fit comfortably (96 KiB at d = 128); at 256 the
@@ -170,6 +231,7 @@ pub fn default_config(spec: &VariantSpec) -> TileConfig {
         block_n,
         warps,
         stages,
+        family: KernelFamily::Sm80,
     }
 }
 
@@ -182,6 +244,21 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
         if value == 0 || value % 8 != 0 || value > 256 {
             return Err(PlanError::HeadDim { which, value });
         }
+    }
+    if cfg.family == KernelFamily::Sm90 {
+        if !matches!(cfg.block_m, 64 | 128 | 192) || cfg.warps * 16 != cfg.block_m {
+            return Err(PlanError::Warpgroups {
+                block_m: cfg.block_m,
+                warps: cfg.warps,
+            });
+        }
+        if !matches!(cfg.block_n, 64 | 128) || !matches!(cfg.stages, 1 | 2) {
+            return Err(PlanError::Sm90Tile {
+                block_n: cfg.block_n,
+                stages: cfg.stages,
+            });
+        }
+        return check_smem(spec, cfg);
     }
     if !matches!(cfg.warps, 4 | 8) {
         return Err(PlanError::Warps(cfg.warps));
@@ -199,6 +276,10 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
     if !matches!(cfg.stages, 1..=3) {
         return Err(PlanError::Stages(cfg.stages));
     }
+    check_smem(spec, cfg)
+}
+
+fn check_smem(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     let bytes = smem_bytes(spec, cfg);
     if bytes > MAX_SMEM_BYTES {
         return Err(PlanError::SharedMemory {
@@ -215,10 +296,15 @@ fn pad64(d: u32) -> u32 {
 }
 
 /// Shared memory of the forward kernel: the Q tile plus `stages` K and V tiles, 2 bytes per
-/// element, rows padded to 64 elements for the 128-byte swizzle.
+/// element, rows padded to 64 elements for the 128-byte swizzle. The sm90 kernel asks for 1024
+/// more bytes to align its buffers to the 1024-byte swizzle atoms that wgmma descriptors address.
 pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
-    2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
+    let align = match cfg.family {
+        KernelFamily::Sm80 => 0,
+        KernelFamily::Sm90 => 1024,
+    };
+    align + 2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
 }
 
 /// Byte layout of the argument struct: the fixed header, then each param in declaration order
@@ -249,7 +335,7 @@ pub fn param_layout(spec: &VariantSpec) -> ParamLayout {
 /// `flash_fwd_<name>_<dtype>_d<dqk>x<dv>_m<bm>n<bn>w<w>s<st>`, restricted to `[a-z0-9_]`.
 pub fn kernel_name(spec: &VariantSpec, cfg: &TileConfig) -> String {
     let raw = format!(
-        "flash_fwd_{}_{}_d{}x{}_m{}n{}w{}s{}",
+        "flash_fwd_{}_{}_d{}x{}_m{}n{}w{}s{}{}",
         spec.name.to_lowercase(),
         spec.dtype.name(),
         spec.head_dim_qk,
@@ -257,7 +343,11 @@ pub fn kernel_name(spec: &VariantSpec, cfg: &TileConfig) -> String {
         cfg.block_m,
         cfg.block_n,
         cfg.warps,
-        cfg.stages
+        cfg.stages,
+        match cfg.family {
+            KernelFamily::Sm80 => "",
+            KernelFamily::Sm90 => "_sm90",
+        }
     );
     raw.chars()
         .map(|c| {
@@ -858,6 +948,7 @@ mod tests {
             block_n,
             warps,
             stages,
+            family: KernelFamily::Sm80,
         }
     }
 

@@ -9,7 +9,8 @@ mod specs;
 use flash_dsl::emulate;
 use flash_dsl::eval::{tensor_shape, Env, ParamValue, ParamValues, Point, Sizes};
 use flash_dsl::plan::{
-    classify, key_tile_classes, plan, KernelPlan, MaskTree, TileClass, TileConfig, TileEnv,
+    classify, key_tile_classes, plan, KernelFamily, KernelPlan, MaskTree, TileClass, TileConfig,
+    TileEnv,
 };
 use flash_dsl::reference::{self, max_abs_diff, Problem};
 use flash_dsl::spec::{BinOp, Dim, Expr, Func, ParamKind, ScalarTy, UnOp, Var, VariantSpec};
@@ -24,6 +25,7 @@ fn cfg(block_m: u32, block_n: u32, warps: u32, stages: u32) -> TileConfig {
         block_n,
         warps,
         stages,
+        family: KernelFamily::Sm80,
     }
 }
 

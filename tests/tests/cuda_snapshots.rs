@@ -1,0 +1,66 @@
+//! Snapshots of the CUDA source emitted for every example variant, for both kernel families
+//! (`sm80`: mma.sync; `sm90`: wgmma), with each family's default tile configuration. A change to
+//! a template or to the expression translation shows up as a reviewable diff of real kernels.
+//!
+//! To accept changes: `INSTA_UPDATE=always cargo test -p flash-tests --test cuda_snapshots`,
+//! then review the `.snap` files under `tests/snapshots/`.
+
+use std::path::Path;
+
+use flash_dsl::plan::{default_config_for, plan, KernelFamily};
+
+fn examples() -> Vec<(String, flash_dsl::VariantSpec)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples/variants")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
+        .collect();
+    files.sort();
+    let mut out = vec![];
+    for path in files {
+        let src = std::fs::read_to_string(&path).unwrap();
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        for spec in flash_dsl::parse::parse_str(&src).unwrap_or_else(|e| panic!("{stem}: {e:?}")) {
+            out.push((stem.clone(), spec));
+        }
+    }
+    assert!(out.len() >= 9, "expected the nine example variants");
+    out
+}
+
+#[test]
+fn example_kernels() {
+    for (stem, spec) in examples() {
+        for (family, tag) in [(KernelFamily::Sm80, "sm80"), (KernelFamily::Sm90, "sm90")] {
+            let p = plan(&spec, Some(default_config_for(&spec, family))).unwrap();
+            let src = flash_dsl::emit(&p);
+            assert_eq!(src.kernel_name, p.kernel_name);
+            assert!(src.source.contains(&format!(
+                "{}(const __grid_constant__ Args args)",
+                p.kernel_name
+            )));
+            assert!(
+                !src.source.contains("#include <"),
+                "kernels include no toolkit header"
+            );
+            insta::with_settings!({
+                description => format!("emit(plan) of examples/variants/{stem}.flash, {tag} defaults"),
+                omit_expression => true,
+            }, {
+                insta::assert_snapshot!(format!("{stem}_{tag}"), src.source);
+            });
+        }
+    }
+}
+
+/// Equal plans give byte-identical source (the compile cache relies on it), and a change of a
+/// runtime value never reaches the source: params live in the argument struct.
+#[test]
+fn emission_is_a_pure_function_of_the_plan() {
+    for (_, spec) in examples() {
+        let a = flash_dsl::emit(&plan(&spec, None).unwrap());
+        let b = flash_dsl::emit(&plan(&spec.clone(), None).unwrap());
+        assert_eq!(a, b);
+    }
+}
