@@ -42,7 +42,7 @@ pub enum KernelFamily {
 impl KernelFamily {
     /// The fastest family a GPU of this architecture (`sm_80`, `sm_90a`, …) can run.
     pub fn for_arch(arch: &str) -> KernelFamily {
-        if arch.starts_with("sm_90") {
+        if arch == "sm_90a" {
             KernelFamily::Sm90
         } else {
             KernelFamily::Sm80

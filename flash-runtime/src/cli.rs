@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use flash_dsl::plan::KernelFamily;
 use flash_dsl::{CudaSource, DType, KernelPlan, TileConfig, VariantSpec};
 
 use crate::cache::{CacheOutcome, KernelCache};
@@ -75,6 +76,25 @@ pub struct VariantArgs {
     /// Override the tile configuration: `BLOCK_MxBLOCK_NxWARPSxSTAGES`, e.g. `128x64x4x2`.
     #[arg(long, value_parser = parse_tile)]
     pub tile: Option<TileOverride>,
+    /// Kernel skeleton: `sm80` (mma.sync, any GPU from sm_80) or `sm90` (wgmma, sm_90a only).
+    /// `compile` defaults to the fastest family of each `--arch`; the others to `sm80`.
+    #[arg(long, value_enum)]
+    pub family: Option<FamilyArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FamilyArg {
+    Sm80,
+    Sm90,
+}
+
+impl From<FamilyArg> for KernelFamily {
+    fn from(f: FamilyArg) -> KernelFamily {
+        match f {
+            FamilyArg::Sm80 => KernelFamily::Sm80,
+            FamilyArg::Sm90 => KernelFamily::Sm90,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -167,29 +187,30 @@ impl VariantArgs {
         Ok(specs)
     }
 
-    /// Plans one spec with the `--tile` override (or the planner's default).
-    pub fn plan(&self, spec: &VariantSpec) -> Result<KernelPlan, FlashError> {
+    /// Plans one spec with the `--tile` override (or the planner's default) for the `--family`
+    /// given, else for `family`.
+    pub fn plan(&self, spec: &VariantSpec, family: KernelFamily) -> Result<KernelPlan, FlashError> {
         let err = |e: &dyn std::fmt::Display| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
         };
-        let default = flash_dsl::plan(spec, None).map_err(|e| err(&e))?;
-        match self.tile {
-            None => Ok(default),
-            Some(t) => {
-                let mut cfg = default.config;
-                t.apply(&mut cfg);
-                flash_dsl::plan(spec, Some(cfg)).map_err(|e| err(&e))
-            }
+        let family = self.family.map(KernelFamily::from).unwrap_or(family);
+        let mut cfg = flash_dsl::plan::default_config_for(spec, family);
+        if let Some(t) = self.tile {
+            t.apply(&mut cfg);
         }
+        flash_dsl::plan(spec, Some(cfg)).map_err(|e| err(&e))
     }
 
-    /// Loads, plans and emits every selected declaration.
-    pub fn generate(&self) -> Result<Vec<(VariantSpec, KernelPlan, CudaSource)>, FlashError> {
+    /// Loads, plans and emits every selected declaration (for `family` unless `--family`).
+    pub fn generate(
+        &self,
+        family: KernelFamily,
+    ) -> Result<Vec<(VariantSpec, KernelPlan, CudaSource)>, FlashError> {
         self.load()?
             .into_iter()
             .map(|s| {
-                let p = self.plan(&s)?;
+                let p = self.plan(&s, family)?;
                 let src = flash_dsl::emit(&p);
                 Ok((s, p, src))
             })
@@ -304,7 +325,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, FlashError> {
 fn cmd_gen(a: &GenArgs) -> Result<ExitCode, FlashError> {
     let out = std::io::stdout();
     let mut out = out.lock();
-    for (_, _, src) in a.variant.generate()? {
+    for (_, _, src) in a.variant.generate(KernelFamily::Sm80)? {
         match &a.out {
             Some(dir) => {
                 write_sources(dir, &src)?;
@@ -343,7 +364,7 @@ fn write_sources(dir: &Path, src: &CudaSource) -> Result<(), FlashError> {
 
 fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
     for spec in a.variant.load()? {
-        let plan = a.variant.plan(&spec)?;
+        let plan = a.variant.plan(&spec, KernelFamily::Sm80)?;
         if a.json {
             let s = serde_json::to_string_pretty(&plan)
                 .map_err(|e| FlashError::Invalid(format!("serialising the plan: {e}")))?;
@@ -372,7 +393,6 @@ struct CompileReport<'a> {
 }
 
 fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
-    let generated = a.variant.generate()?;
     let cache = (!a.no_cache).then(|| KernelCache::new(a.cache.cache_dir.clone()));
     let mut failed = 0usize;
     if !a.json {
@@ -381,8 +401,17 @@ fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
             "variant", "arch", "regs", "smem B", "spill st/ld", "ms"
         );
     }
-    for (spec, _plan, src) in &generated {
-        for arch in &a.arch {
+    for arch in &a.arch {
+        let generated = a.variant.generate(KernelFamily::for_arch(arch))?;
+        for (spec, plan, src) in &generated {
+            if !plan.config.family.runs_on(arch) {
+                failed += 1;
+                eprintln!(
+                    "error: {}: the {:?} kernel family cannot be compiled for {arch}",
+                    spec.name, plan.config.family
+                );
+                continue;
+            }
             let opts = CompileOptions {
                 arch: arch.clone(),
                 extra: a.nvrtc_opt.clone(),

@@ -99,7 +99,6 @@ pub fn cli_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
             )))
         }
     };
-    let plan = a.variant.plan(&spec)?;
     let (q, k, v) = (
         NpyArray::read(&a.q)?,
         NpyArray::read(&a.k)?,
@@ -134,6 +133,8 @@ pub fn cli_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     }
 
     let rt = Runtime::new(a.gpu)?;
+    let family = flash_dsl::plan::KernelFamily::for_arch(&rt.info().arch);
+    let plan = a.variant.plan(&spec, family)?;
     let kernel = rt.load(&spec, Some(plan.config))?;
     let stream = rt.stream().clone();
     let up = |x: &NpyArray| -> Result<_, FlashError> {

@@ -388,7 +388,18 @@ impl Runtime {
         config: Option<TileConfig>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
         let start = std::time::Instant::now();
-        let plan = flash_dsl::plan(spec, config).map_err(|e| FlashError::Plan {
+        // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
+        // configuration must name a family the device can run.
+        let family = flash_dsl::plan::KernelFamily::for_arch(&self.info.arch);
+        let config = match config {
+            Some(c) if !c.family.runs_on(&self.info.arch) => return Err(invalid(format!(
+                "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
+                c.family, self.info.name, self.info.arch
+            ))),
+            Some(c) => c,
+            None => flash_dsl::plan::default_config_for(spec, family),
+        };
+        let plan = flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
         })?;
