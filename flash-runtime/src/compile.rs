@@ -113,15 +113,17 @@ impl Resources {
                 .rposition(|(n, _)| *n == current)
                 .unwrap_or(per_fn.len() - 1);
             let r = &mut per_fn[idx].1;
-            for part in l.trim_start_matches("ptxas info    :").split(',') {
+            // Each comma-separated part ends in `<n> <what...>`; NVRTC prefixes the stack line
+            // with `ptxas         .`, so match on the end of the part only.
+            for part in l.split(',') {
                 let words: Vec<&str> = part.split_whitespace().collect();
-                let num = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+                let num = |w: &&str| w.parse::<u32>().unwrap_or(0);
                 match words.as_slice() {
-                    ["Used", _, "registers", ..] => r.registers = num(1).unwrap_or(0),
-                    [_, "bytes", "stack", "frame"] => r.stack_frame = num(0).unwrap_or(0),
-                    [_, "bytes", "spill", "stores"] => r.spill_stores = num(0).unwrap_or(0),
-                    [_, "bytes", "spill", "loads"] => r.spill_loads = num(0).unwrap_or(0),
-                    [_, "bytes", "smem"] => r.smem_static = num(0).unwrap_or(0),
+                    [.., "Used", n, "registers"] => r.registers = num(n),
+                    [.., n, "bytes", "stack", "frame"] => r.stack_frame = num(n),
+                    [.., n, "bytes", "spill", "stores"] => r.spill_stores = num(n),
+                    [.., n, "bytes", "spill", "loads"] => r.spill_loads = num(n),
+                    [.., n, "bytes", "smem"] => r.smem_static = num(n),
                     _ => {}
                 }
             }
@@ -388,7 +390,7 @@ ptxas info    : Function properties for helper
 ptxas info    : Used 40 registers, used 0 barriers, 360 bytes cmem[0]
 ptxas info    : Compiling entry function 'flash_fwd' for 'sm_90a'
 ptxas info    : Function properties for flash_fwd
-    16 bytes stack frame, 24 bytes spill stores, 20 bytes spill loads
+ptxas         .     16 bytes stack frame, 24 bytes spill stores, 20 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 304 bytes cmem[0]
 ";
         let r = Resources::parse_log(log, "flash_fwd");
