@@ -19,4 +19,4 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "==> cargo test"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
