@@ -187,11 +187,24 @@ impl<'a> TensorRef<'a> {
         strides: [i64; 4],
         stream: &CudaStream,
     ) -> Self {
-        let (ptr, _sync) = slice.device_ptr(stream);
+        Self::strided_at(slice, 0, shape, strides, stream)
+    }
+    /// A strided tensor whose element `[0, 0, 0, 0]` is element `offset` of `slice` (e.g. K
+    /// inside a packed QKV buffer). `offset` past the end gives an empty buffer, which the
+    /// launch checks reject for any non-empty shape.
+    pub fn strided_at<T: TensorElem>(
+        slice: &'a CudaSlice<T>,
+        offset: usize,
+        shape: [usize; 4],
+        strides: [i64; 4],
+        stream: &CudaStream,
+    ) -> Self {
+        let (base, _sync) = slice.device_ptr(stream);
+        let offset = offset.min(slice.len());
         TensorRef {
             desc: TensorDesc {
-                ptr,
-                len: slice.len(),
+                ptr: base + (offset * std::mem::size_of::<T>()) as u64,
+                len: slice.len() - offset,
                 shape,
                 strides,
                 elem: T::ELEM,
@@ -379,6 +392,32 @@ impl Runtime {
         &self.cache
     }
 
+    /// The plan [`Runtime::load`] uses for `spec`: `config`, or the default configuration of
+    /// the fastest kernel family this device runs.
+    pub fn plan(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+    ) -> Result<KernelPlan, FlashError> {
+        // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
+        // configuration must name a family the device can run.
+        let family = flash_dsl::plan::KernelFamily::for_arch(&self.info.arch);
+        let config = match config {
+            Some(c) if !c.family.runs_on(&self.info.arch) => {
+                return Err(invalid(format!(
+                "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
+                c.family, self.info.name, self.info.arch
+            )))
+            }
+            Some(c) => c,
+            None => flash_dsl::plan::default_config_for(spec, family),
+        };
+        flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
+            variant: spec.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
     /// Plans, emits, compiles (through the cache) and loads the kernel of `spec`; memoised per
     /// plan. Errors: the planner's, NVRTC's, the driver's, or a shared-memory request above the
     /// device's opt-in limit.
@@ -388,21 +427,7 @@ impl Runtime {
         config: Option<TileConfig>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
         let start = std::time::Instant::now();
-        // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
-        // configuration must name a family the device can run.
-        let family = flash_dsl::plan::KernelFamily::for_arch(&self.info.arch);
-        let config = match config {
-            Some(c) if !c.family.runs_on(&self.info.arch) => return Err(invalid(format!(
-                "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
-                c.family, self.info.name, self.info.arch
-            ))),
-            Some(c) => c,
-            None => flash_dsl::plan::default_config_for(spec, family),
-        };
-        let plan = flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        })?;
+        let plan = self.plan(spec, config)?;
         if let Some(k) = self.lock_kernels().get(&plan) {
             return Ok(k.clone());
         }
