@@ -56,6 +56,8 @@ pub enum Command {
     Info,
     /// Run one forward pass on `.npy` inputs on the GPU.
     Run(crate::cli_run::RunArgs),
+    /// Autotune the tile configuration for a shape on the GPU and remember the winner.
+    Tune(crate::cli_tune::TuneArgs),
 }
 
 /// Which declarations of which file, with optional overrides. Shared by every subcommand that
@@ -319,6 +321,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, FlashError> {
         Command::Cache(c) => cmd_cache(&c),
         Command::Info => cmd_info(cli.verbose > 0),
         Command::Run(a) => crate::cli_run::cli_run(&a),
+        Command::Tune(a) => crate::cli_tune::cli_tune(&a),
     }
 }
 

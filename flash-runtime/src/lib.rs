@@ -3,11 +3,13 @@
 pub mod cache;
 pub mod cli;
 pub mod cli_run;
+pub mod cli_tune;
 pub mod compile;
 pub mod error;
 pub mod launch;
 pub mod libs;
 pub mod npy;
+pub mod tune;
 pub mod variant;
 
 pub use cache::{CacheOutcome, KernelCache};
