@@ -189,6 +189,11 @@ pub fn cli_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
         let report = rt.tune(spec, shape, &given, family, &mut |p| bar.update(p))?;
         eprintln!();
         print_table(&report, a.all);
+        let back = rt.load_tuned(spec, &shape)?;
+        println!(
+            "load_tuned for this shape -> {}",
+            config_label(&back.plan.config)
+        );
         if let Some(path) = &a.json {
             let (d_ms, t_ms) = rt.compare_configs(
                 spec,

@@ -922,8 +922,8 @@ fn with_len(mut p: ParamArg<'_>, n: usize) -> ParamArg<'_> {
 /// the last place of the output type at magnitude 1 (tiles change the accumulation order).
 pub fn output_tolerance(dtype: DType) -> f32 {
     match dtype {
-        DType::Bf16 => 1.0 / 64.0,
-        DType::F16 => 1.0 / 512.0,
+        DType::Bf16 => 1.0 / 32.0,
+        DType::F16 => 1.0 / 256.0,
     }
 }
 
