@@ -42,19 +42,12 @@ pub struct CudaSource {
 }
 
 #[derive(Serialize)]
-struct ParamOffset {
-    field: String,
-    offset: u32,
-}
-
-#[derive(Serialize)]
 struct Context {
     generator_version: &'static str,
     variant: String,
     kernel_name: String,
     header_cpp: &'static str,
     param_fields: Vec<String>,
-    param_offsets: Vec<ParamOffset>,
     args_size: u32,
     dtype: &'static str,
     mma_type: &'static str,
@@ -100,15 +93,6 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         kernel_name: plan.kernel_name.clone(),
         header_cpp: HEADER_CPP,
         param_fields: spec.params.iter().map(param_field).collect(),
-        param_offsets: plan
-            .params
-            .slots
-            .iter()
-            .map(|s| ParamOffset {
-                field: field_name(&spec.params[s.param]),
-                offset: s.offset,
-            })
-            .collect(),
         args_size: plan.params.total_size,
         dtype: spec.dtype.name(),
         mma_type,

@@ -188,7 +188,9 @@ pub enum PlanError {
         "the sm90 kernel gives each warpgroup 64 query rows: block_m must be 64, 128 or 192 with warps = block_m / 16; got block_m {block_m}, warps {warps}"
     )]
     Warpgroups { block_m: u32, warps: u32 },
-    #[error("the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}")]
+    #[error(
+        "the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}"
+    )]
     Sm90Tile { block_n: u32, stages: u32 },
 }
 
@@ -220,10 +222,20 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {
     let d = spec.head_dim_qk.max(spec.head_dim_v);
-    // Up to 128 the Q tile and two K/V stages fit comfortably (96 KiB at d = 128); at 256 the
-    // accumulator of 128 rows would spill, so the tile halves and prefetch goes.
+    // Chosen so that no example spills (`flash compile --arch sm_80,sm_90`, see README): a warp
+    // owning 32 rows holds 32·d/32 output and 32·block_n/32 score accumulators per thread, so
+    // block_n shrinks to 32 above head dim 64; a score hook that reads a tensor keeps one
+    // lookup per score element in flight, which only fits with 16 rows per warp; at 256 the
+    // output accumulator alone needs the 16-row warps and the prefetch stage goes.
+    let reads_tensor = spec.score.as_ref().is_some_and(|e| {
+        let mut found = false;
+        e.visit(&mut |x| found |= matches!(x, Expr::Index(..)));
+        found
+    });
     let (block_m, block_n, warps, stages) = match d {
-        0..=128 => (128, 64, 4, 2),
+        _ if d <= 128 && reads_tensor => (64, 64, 4, 2),
+        0..=64 => (128, 64, 4, 2),
+        65..=128 => (128, 32, 4, 2),
         _ => (64, 64, 4, 1),
     };
     TileConfig {
@@ -957,14 +969,68 @@ mod tests {
         let mut s = spec(vec![], None);
         for (dqk, dv, want) in [
             (64, 64, cfg(128, 64, 4, 2)),
-            (128, 64, cfg(128, 64, 4, 2)),
+            (128, 64, cfg(128, 32, 4, 2)),
             (96, 256, cfg(64, 64, 4, 1)),
             (256, 256, cfg(64, 64, 4, 1)),
         ] {
             (s.head_dim_qk, s.head_dim_v) = (dqk, dv);
             assert_eq!(default_config(&s), want, "d {dqk}x{dv}");
             assert!(plan(&s, None).is_ok());
+            let sm90 = default_config_for(&s, KernelFamily::Sm90);
+            assert_eq!(
+                (sm90.block_m, sm90.warps, sm90.family),
+                (128, 8, KernelFamily::Sm90)
+            );
+            assert!(
+                plan(&s, Some(sm90)).is_ok(),
+                "sm90 default for d {dqk}x{dv}"
+            );
         }
+    }
+
+    #[test]
+    fn a_score_hook_reading_a_tensor_gets_16_row_warps() {
+        let table = ParamDecl {
+            name: "bias".into(),
+            kind: ParamKind::Tensor {
+                elem: ScalarTy::F32,
+                dims: vec![crate::spec::Dim::Fixed(8)],
+            },
+        };
+        let score = Expr::bin(BinOp::Add, var(Var::S), Expr::Index(0, vec![var(Var::H)]));
+        let mut s = spec(vec![table], None);
+        s.score = Some(score);
+        assert_eq!(default_config(&s), cfg(64, 64, 4, 2));
+    }
+
+    #[test]
+    fn sm90_rules_name_the_value() {
+        let s = spec(vec![], None);
+        let sm90 = |block_m, block_n, warps, stages| TileConfig {
+            family: KernelFamily::Sm90,
+            ..cfg(block_m, block_n, warps, stages)
+        };
+        assert_eq!(
+            plan(&s, Some(sm90(128, 64, 4, 2))).unwrap_err(),
+            PlanError::Warpgroups {
+                block_m: 128,
+                warps: 4
+            }
+        );
+        assert_eq!(
+            plan(&s, Some(sm90(128, 32, 8, 2))).unwrap_err(),
+            PlanError::Sm90Tile {
+                block_n: 32,
+                stages: 2
+            }
+        );
+        let p = plan(&s, Some(sm90(128, 128, 8, 2))).unwrap();
+        // Q 128×128, two stages of K (128×128) and V (128×64), plus the alignment slack.
+        assert_eq!(p.smem_bytes, 1024 + 2 * (128 * 128 + 2 * 128 * (128 + 64)));
+        assert!(p.kernel_name.ends_with("_sm90"));
+        assert_eq!(KernelFamily::for_arch("sm_90a"), KernelFamily::Sm90);
+        assert_eq!(KernelFamily::for_arch("sm_90"), KernelFamily::Sm80);
+        assert!(!KernelFamily::Sm90.runs_on("sm_80"));
     }
 
     #[test]
