@@ -18,5 +18,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "==> NVRTC compile of every example variant (registers, shared memory, spills)"
+cargo test -p flash-runtime --test examples_nvrtc -- --nocapture
+
 echo "==> cargo test"
-cargo test --workspace --no-fail-fast
+cargo test --workspace --no-fail-fast -- --skip every_example_variant_compiles_without_spills

@@ -1,0 +1,113 @@
+//! Every example variant, at head dims 64 and 128 and in bf16 and f16, compiled by NVRTC to
+//! CUBIN for sm_80 and sm_90 (the mma.sync family) and sm_90a (the wgmma family), with the
+//! registers, shared memory and spill bytes of each printed; the default configurations must not
+//! spill. Needs NVRTC (installed by `scripts/setup-nvrtc.sh`), not a GPU.
+//!
+//! `scripts/test.sh` runs this test with `--nocapture`, so CI's log carries the table.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use flash_dsl::plan::{default_config_for, plan, KernelFamily};
+use flash_dsl::{emit, DType, VariantSpec};
+use flash_runtime::compile::{compile, CompileOptions};
+
+fn examples() -> Vec<VariantSpec> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| flash_dsl::parse::parse_file(f).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+#[test]
+fn every_example_variant_compiles_without_spills() {
+    if !common::have_nvrtc("every_example_variant_compiles_without_spills") {
+        return;
+    }
+    let mut jobs = vec![];
+    for spec in examples() {
+        for d in [64, 128] {
+            for dtype in [DType::Bf16, DType::F16] {
+                for arch in ["sm_80", "sm_90", "sm_90a"] {
+                    let mut s = spec.clone();
+                    (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, dtype);
+                    jobs.push((s, arch));
+                }
+            }
+        }
+    }
+    assert_eq!(jobs.len(), 9 * 2 * 2 * 3, "nine example variants");
+    let rows = Mutex::new(vec![]);
+    let next = Mutex::new(0usize);
+    // NVRTC is thread-safe; one worker per core keeps the run short on CI's two cores.
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = {
+                    let mut n = next.lock().unwrap();
+                    *n += 1;
+                    *n - 1
+                };
+                let Some((spec, arch)) = jobs.get(i) else {
+                    break;
+                };
+                let family = KernelFamily::for_arch(arch);
+                let p = plan(spec, Some(default_config_for(spec, family))).unwrap();
+                let src = emit(&p);
+                let k = compile(&src, &CompileOptions::new(*arch))
+                    .unwrap_or_else(|e| panic!("{} d{} {arch}: {e}", spec.name, spec.head_dim_qk));
+                rows.lock().unwrap().push((i, spec.clone(), *arch, p, k));
+            });
+        }
+    });
+    let mut rows = rows.into_inner().unwrap();
+    rows.sort_by_key(|r| r.0);
+    println!(
+        "{:<14} {:>3} {:<5} {:<7} {:<22} {:>5} {:>7} {:>11} {:>7}",
+        "variant", "d", "dtype", "arch", "tile (m n warps st)", "regs", "smem", "spill st/ld", "ms"
+    );
+    let mut spilled = vec![];
+    for (_, spec, arch, p, k) in &rows {
+        let c = p.config;
+        let r = k.resources;
+        println!(
+            "{:<14} {:>3} {:<5} {:<7} {:<22} {:>5} {:>7} {:>11} {:>7.0}",
+            spec.name,
+            spec.head_dim_qk,
+            spec.dtype.name(),
+            arch,
+            format!(
+                "{:?} {}x{}x{}x{}",
+                c.family, c.block_m, c.block_n, c.warps, c.stages
+            ),
+            r.registers,
+            p.smem_bytes + r.smem_static,
+            format!("{}/{}", r.spill_stores, r.spill_loads),
+            k.compile_ms
+        );
+        assert_eq!(&k.cubin[..4], b"\x7fELF");
+        if r.spills() {
+            spilled.push(format!(
+                "{} d{} {} {arch}",
+                spec.name,
+                spec.head_dim_qk,
+                spec.dtype.name()
+            ));
+        }
+    }
+    assert!(
+        spilled.is_empty(),
+        "default configurations spill: {spilled:?}"
+    );
+}
