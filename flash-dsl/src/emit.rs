@@ -399,7 +399,7 @@ fn tree3(t: &MaskTree) -> String {
 /// unbounded. Non-strict bounds for strict comparisons only widen the interval, which is safe:
 /// every tile inside it is still classified.
 fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
-    let mut out = String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n");
+    let mut out = String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n  (void)NEG; (void)POS;\n");
     let mut n = 0usize;
     let root = hull_node(tree, atoms, cx, &mut out, &mut n);
     let _ = writeln!(out, "  lo = {root}_lo;\n  hi = {root}_hi;");
