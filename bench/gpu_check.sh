@@ -2,11 +2,12 @@
 # Runs ON the GPU machine, from the repository root, after bench/prepare.sh filled .carry/ here:
 #   1. .carry/flash-gpucheck: correctness of every example variant + timings (flash.json);
 #   2. compute-sanitizer memcheck of the same check on small shapes;
-#   3. .carry/peers.py (PyTorch SDPA, FlexAttention) in the same call, so ratios are fair;
-#   4. bench/merge_results.py: bench/results/<gpu>-<date>.{json,md}, copied to $OUT.
-# Knobs: SKIP_SANITIZER=1, SKIP_PEERS=1, PEERS_ARGS (default "--quick --variants"),
+#   3. bench/run_smoke.py: `flash run` on .npy files against a torch float64 reference;
+#   4. .carry/peers.py (PyTorch SDPA, FlexAttention) in the same call, so ratios are fair;
+#   5. bench/merge_results.py: bench/results/<gpu>-<date>.{json,md}, copied to $OUT.
+# Knobs: SKIP_SANITIZER=1, SKIP_SMOKE=1, SKIP_PEERS=1, PEERS_ARGS (default "--quick --variants"),
 # CHECK_ARGS (extra flash-gpucheck arguments), *_TIMEOUT seconds per stage.
-# Exit status: 0 when the check and memcheck passed.
+# Exit status: 0 when the check, memcheck and the smoke test passed.
 set -uo pipefail
 OUT=${OUT:-bench/results/out}
 mkdir -p "$OUT" bench/results
@@ -27,6 +28,12 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
   san=$?
   grep -E "ERROR SUMMARY|^# correctness|^FAIL" "$OUT/memcheck.log" | tail -20
   [ "$san" -eq 0 ] || { echo "memcheck FAILED (exit $san)"; status=1; }
+fi
+
+if [ -z "${SKIP_SMOKE:-}" ]; then
+  echo "== flash run smoke test"
+  timeout "${SMOKE_TIMEOUT:-60}" python3 bench/run_smoke.py .carry/flash 2>&1 | tee "$OUT/smoke.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke test FAILED"; status=1; }
 fi
 
 if [ -z "${SKIP_PEERS:-}" ]; then

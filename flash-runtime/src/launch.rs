@@ -841,8 +841,8 @@ impl Runtime {
         Ok(())
     }
 
-    /// Checks with the driver that `[ptr, ptr + bytes)` lies inside one allocation of this
-    /// runtime's context.
+    /// Checks with the driver that `[ptr, ptr + bytes)` lies inside one allocation on this
+    /// runtime's device.
     fn check_allocation(&self, name: &str, ptr: u64, bytes: usize) -> Result<(), FlashError> {
         if bytes == 0 {
             return Ok(());
@@ -852,9 +852,9 @@ impl Runtime {
             .map_err(|e| driver("binding the context", e))?;
         let mut start: u64 = 0;
         let mut size: usize = 0;
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        let mut ordinal: i32 = -1;
         // SAFETY: each `data` pointer refers to a live local of the type the attribute writes
-        // (CUdeviceptr, size_t, CUcontext); the driver only reads `ptr` as a number.
+        // (CUdeviceptr, size_t, int); the driver only reads `ptr` as a number.
         let r = unsafe {
             [
                 sys::cuPointerGetAttribute(
@@ -868,21 +868,23 @@ impl Runtime {
                     ptr,
                 ),
                 sys::cuPointerGetAttribute(
-                    &mut ctx as *mut sys::CUcontext as *mut c_void,
-                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                    &mut ordinal as *mut i32 as *mut c_void,
+                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                     ptr,
                 ),
             ]
         };
         if r.iter().any(|r| *r != sys::CUresult::CUDA_SUCCESS) {
             return Err(invalid(format!(
-                "{name} ({ptr:#x}) is not device memory the driver knows ({:?})",
-                r
+                "{name} ({ptr:#x}) is not device memory the driver knows ({r:?})"
             )));
         }
-        if ctx as usize != ctx_id(&self.ctx) {
+        // The device, not the context: stream-ordered (pool) allocations, which cudarc makes
+        // where the driver supports them, belong to no context.
+        if ordinal != self.info.ordinal as i32 {
             return Err(invalid(format!(
-                "{name} was allocated in another CUDA context than this runtime's"
+                "{name} lives on gpu {ordinal}; this runtime runs on gpu {}",
+                self.info.ordinal
             )));
         }
         let end = start + size as u64;
@@ -925,10 +927,11 @@ impl Runtime {
         //    agree and `heads_q % heads_kv == 0`; the last dimension is contiguous, every other
         //    stride is a non-negative multiple of 8 elements and every base address 16-byte
         //    aligned (cp.async moves 16-byte rows); the furthest element any index tuple reaches
-        //    lies inside the caller's slice *and*, per the driver, inside one allocation of this
-        //    context. O's strides make distinct elements distinct memory.
+        //    lies inside the caller's slice *and*, per the driver, inside one allocation on this
+        //    device; each view was taken from a slice of this runtime's context. O's strides
+        //    make distinct elements distinct memory.
         // 4. The LSE buffer is 4-byte aligned and holds `batch·heads_q·seq_q` floats inside one
-        //    allocation of this context.
+        //    allocation on this device.
         // 5. Each tensor param has the declared element type, is 4-byte aligned and holds at
         //    least the element count its dims resolve to (`Fixed(n)` indices are clamped by the
         //    kernel, `Batch`/`Heads`/`Seq` indices range over the launch's sizes), inside one
