@@ -734,7 +734,9 @@ impl Runtime {
         };
         let mut bytes = vec![0u8; plan.params.total_size as usize];
         write_header(&mut bytes, &header);
-        self.pack_params(plan, shape, params, &mut bytes)?;
+        for (name, ptr, len) in pack_params(plan, shape, params, &mut bytes)? {
+            self.check_allocation(&name, ptr, len)?;
+        }
 
         let grid_x = plan.query_tiles(seq_q);
         if grid_x > i32::MAX as usize || heads_q > 65535 || batch > 65535 {
@@ -754,91 +756,6 @@ impl Runtime {
             grid: (grid_x as u32, heads_q as u32, batch as u32),
             empty: seq_q == 0 || batch == 0 || heads_q == 0,
         })
-    }
-
-    /// Checks params against the spec and writes them at the plan's offsets.
-    fn pack_params(
-        &self,
-        plan: &KernelPlan,
-        shape: ProblemShape,
-        params: &[ParamArg<'_>],
-        bytes: &mut [u8],
-    ) -> Result<(), FlashError> {
-        let spec = &plan.spec;
-        if params.len() != spec.params.len() {
-            return Err(invalid(format!(
-                "`{}` declares {} param(s) ({}); got {}",
-                spec.name,
-                spec.params.len(),
-                spec.params
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                params.len()
-            )));
-        }
-        let sizes = Sizes {
-            batch: shape.batch,
-            heads: shape.heads_q,
-            seq_q: shape.seq_q,
-            seq_k: shape.seq_k,
-        };
-        for slot in &plan.params.slots {
-            let decl = &spec.params[slot.param];
-            let arg = &params[slot.param];
-            let at = slot.offset as usize;
-            let kind_name = |a: &ParamArg<'_>| match a {
-                ParamArg::I32(_) => "an i32 scalar".to_string(),
-                ParamArg::F32(_) => "an f32 scalar".to_string(),
-                ParamArg::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
-            };
-            match (&decl.kind, arg) {
-                (ParamKind::Scalar(ScalarTy::I32), ParamArg::I32(x)) => {
-                    bytes[at..at + 4].copy_from_slice(&x.to_le_bytes())
-                }
-                (ParamKind::Scalar(ScalarTy::F32), ParamArg::F32(x)) => {
-                    bytes[at..at + 4].copy_from_slice(&x.to_le_bytes())
-                }
-                (
-                    ParamKind::Tensor { elem, dims },
-                    ParamArg::Tensor {
-                        ptr, len, elem: e, ..
-                    },
-                ) if elem == e => {
-                    let dims_n = tensor_shape(dims, sizes);
-                    let need: usize = dims_n.iter().product();
-                    if *len < need {
-                        return Err(invalid(format!(
-                            "param `{}` has {len} elements; its shape {dims_n:?} needs {need}",
-                            decl.name
-                        )));
-                    }
-                    if need > 0 {
-                        if !ptr.is_multiple_of(4) {
-                            return Err(invalid(format!(
-                                "param `{}`'s address {ptr:#x} is not 4-byte aligned",
-                                decl.name
-                            )));
-                        }
-                        self.check_allocation(&format!("param `{}`", decl.name), *ptr, need * 4)?;
-                    }
-                    bytes[at..at + 8].copy_from_slice(&ptr.to_le_bytes())
-                }
-                (kind, a) => {
-                    let want = match kind {
-                        ParamKind::Scalar(t) => format!("an {} scalar", t.name()),
-                        ParamKind::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
-                    };
-                    return Err(invalid(format!(
-                        "param `{}` must be {want}; got {}",
-                        decl.name,
-                        kind_name(a)
-                    )));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Checks with the driver that `[ptr, ptr + bytes)` lies inside one allocation on this
@@ -954,6 +871,93 @@ impl Runtime {
         }
         .map_err(|e| driver(&format!("launching `{}`", kernel.plan.kernel_name), e))
     }
+}
+
+/// Checks params against the spec (count, kinds, element types, tensor lengths and alignment)
+/// and writes them at the plan's offsets. Returns `(name, address, bytes)` of each non-empty
+/// tensor param, whose allocation the caller still has to check with the driver.
+pub fn pack_params(
+    plan: &KernelPlan,
+    shape: ProblemShape,
+    params: &[ParamArg<'_>],
+    bytes: &mut [u8],
+) -> Result<Vec<(String, u64, usize)>, FlashError> {
+    let spec = &plan.spec;
+    if params.len() != spec.params.len() {
+        return Err(invalid(format!(
+            "`{}` declares {} param(s) ({}); got {}",
+            spec.name,
+            spec.params.len(),
+            spec.params
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            params.len()
+        )));
+    }
+    let sizes = Sizes {
+        batch: shape.batch,
+        heads: shape.heads_q,
+        seq_q: shape.seq_q,
+        seq_k: shape.seq_k,
+    };
+    let mut regions = Vec::new();
+    for slot in &plan.params.slots {
+        let decl = &spec.params[slot.param];
+        let arg = &params[slot.param];
+        let at = slot.offset as usize;
+        let kind_name = |a: &ParamArg<'_>| match a {
+            ParamArg::I32(_) => "an i32 scalar".to_string(),
+            ParamArg::F32(_) => "an f32 scalar".to_string(),
+            ParamArg::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
+        };
+        match (&decl.kind, arg) {
+            (ParamKind::Scalar(ScalarTy::I32), ParamArg::I32(x)) => {
+                bytes[at..at + 4].copy_from_slice(&x.to_le_bytes())
+            }
+            (ParamKind::Scalar(ScalarTy::F32), ParamArg::F32(x)) => {
+                bytes[at..at + 4].copy_from_slice(&x.to_le_bytes())
+            }
+            (
+                ParamKind::Tensor { elem, dims },
+                ParamArg::Tensor {
+                    ptr, len, elem: e, ..
+                },
+            ) if elem == e => {
+                let dims_n = tensor_shape(dims, sizes);
+                let need: usize = dims_n.iter().product();
+                if *len < need {
+                    return Err(invalid(format!(
+                        "param `{}` has {len} elements; its shape {dims_n:?} needs {need}",
+                        decl.name
+                    )));
+                }
+                if need > 0 {
+                    if !ptr.is_multiple_of(4) {
+                        return Err(invalid(format!(
+                            "param `{}`'s address {ptr:#x} is not 4-byte aligned",
+                            decl.name
+                        )));
+                    }
+                    regions.push((format!("param `{}`", decl.name), *ptr, need * 4));
+                }
+                bytes[at..at + 8].copy_from_slice(&ptr.to_le_bytes())
+            }
+            (kind, a) => {
+                let want = match kind {
+                    ParamKind::Scalar(t) => format!("an {} scalar", t.name()),
+                    ParamKind::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
+                };
+                return Err(invalid(format!(
+                    "param `{}` must be {want}; got {}",
+                    decl.name,
+                    kind_name(a)
+                )));
+            }
+        }
+    }
+    Ok(regions)
 }
 
 /// A launch whose arguments passed every check.
@@ -1201,5 +1205,109 @@ mod tests {
         let e = desc([2, 0, 4, 64], [0, 0, 0, 0], 0);
         assert_eq!(e.extent(), Some(0));
         check_layout("k", &e).unwrap();
+    }
+
+    fn plan_of(src: &str) -> KernelPlan {
+        let spec = flash_dsl::parse::parse_str(src).expect("parses").remove(0);
+        flash_dsl::plan(&spec, None).expect("plans")
+    }
+
+    const SHAPE: ProblemShape = ProblemShape {
+        batch: 2,
+        seq_q: 100,
+        seq_k: 300,
+        heads_q: 4,
+        heads_kv: 2,
+    };
+
+    #[test]
+    fn params_are_checked_and_packed_at_the_plan_offsets() {
+        let plan = plan_of(
+            "Doc { head_dim: 64, dtype: bf16, params: { cap: f32, doc: [i32; seq], n: i32 }, \
+             mask: doc[q] == doc[k] && k < n, score: cap * tanh(s / cap) }",
+        );
+        let mut bytes = vec![0u8; plan.params.total_size as usize];
+        let ok = [
+            ParamArg::F32(30.0),
+            ParamArg::raw_tensor(0x2000, 300, ScalarTy::I32),
+            ParamArg::I32(7),
+        ];
+        let regions = pack_params(&plan, SHAPE, &ok, &mut bytes).unwrap();
+        assert_eq!(regions, vec![("param `doc`".to_string(), 0x2000, 1200)]);
+        let off = |i: usize| plan.params.slots[i].offset as usize;
+        assert_eq!(bytes[off(0)..off(0) + 4], 30f32.to_le_bytes());
+        assert_eq!(bytes[off(1)..off(1) + 8], 0x2000u64.to_le_bytes());
+        assert_eq!(bytes[off(2)..off(2) + 4], 7i32.to_le_bytes());
+
+        let mut err = |args: &[ParamArg<'_>]| {
+            pack_params(&plan, SHAPE, args, &mut bytes)
+                .unwrap_err()
+                .to_string()
+        };
+        // seq = max(seq_q, seq_k) = 300 elements.
+        let short = [
+            ok[0],
+            ParamArg::raw_tensor(0x2000, 299, ScalarTy::I32),
+            ok[2],
+        ];
+        let e = err(&short);
+        assert!(
+            e.contains("299") && e.contains("300") && e.contains("doc"),
+            "{e}"
+        );
+        let e = err(&ok[..2]);
+        assert!(e.contains("3 param(s)") && e.contains("got 2"), "{e}");
+        let kind = [ParamArg::I32(30), ok[1], ok[2]];
+        let e = err(&kind);
+        assert!(
+            e.contains("`cap` must be an f32 scalar; got an i32 scalar"),
+            "{e}"
+        );
+        let elem = [
+            ok[0],
+            ParamArg::raw_tensor(0x2000, 300, ScalarTy::F32),
+            ok[2],
+        ];
+        assert!(err(&elem).contains("must be an i32 tensor"));
+        let misaligned = [
+            ok[0],
+            ParamArg::raw_tensor(0x2002, 300, ScalarTy::I32),
+            ok[2],
+        ];
+        assert!(err(&misaligned).contains("4-byte aligned"));
+    }
+
+    #[test]
+    fn shapes_must_agree() {
+        let plan = plan_of("C { head_dim: 64, dtype: bf16, mask: causal }");
+        let t = |shape: [usize; 4], elem| TensorDesc {
+            elem,
+            ..desc(shape, contiguous_strides(shape), usize::MAX)
+        };
+        let q = t([2, 100, 4, 64], ElemType::Bf16);
+        let k = t([2, 300, 2, 64], ElemType::Bits16);
+        let o = t([2, 100, 4, 64], ElemType::Bf16);
+        let got = check_shapes(&plan.spec, &q, &k, &k, &o).unwrap();
+        assert_eq!(got, SHAPE);
+        let f16 = t([2, 100, 4, 64], ElemType::F16);
+        let e = check_shapes(&plan.spec, &f16, &k, &k, &o)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f16") && e.contains("bf16"), "{e}");
+        let k3 = t([2, 300, 3, 64], ElemType::Bf16);
+        let e = check_shapes(&plan.spec, &q, &k3, &k3, &o)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("multiple of heads_kv 3"), "{e}");
+        let d = t([2, 100, 4, 128], ElemType::Bf16);
+        let e = check_shapes(&plan.spec, &d, &k, &k, &o)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("128") && e.contains("64"), "{e}");
+        let kb = t([1, 300, 2, 64], ElemType::Bf16);
+        assert!(check_shapes(&plan.spec, &q, &kb, &kb, &o)
+            .unwrap_err()
+            .to_string()
+            .contains("batch"));
     }
 }
