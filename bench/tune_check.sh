@@ -30,7 +30,7 @@ run() { # FILE D EXTRA...
   local h=$((2048 / d))
   echo "== $file d=$d $*"
   timeout "${PER_TIMEOUT:-90}" "$BIN" tune "$file" --shape "4,$h,$h,4096,4096" \
-    --json "$JSON" --rounds "${ROUNDS:-7}" "$@" 2>&1 | tr '\r' '\n' | grep -v '^  compiled' \
+    --json "$JSON" --rounds "${ROUNDS:-7}" "$@" 2>&1 | tr '\r' '\n' | grep -v '^  compiled [0-9/]* *pruned [0-9]* *timed [0-9/]* *$' \
     || { echo "FAILED: $file $*"; status=1; }
 }
 for f in examples/variants/*.flash; do

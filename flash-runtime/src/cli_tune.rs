@@ -54,6 +54,11 @@ pub struct TuneArgs {
     /// Alternating re-timing rounds of default vs winner for `--json`.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// Leave out a configuration (`BMxBNxWxS/sm80`, as the table prints it; repeatable). A
+    /// candidate that kills the CUDA context is excluded this way automatically: the command
+    /// starts itself again without it (at most 4 times).
+    #[arg(long)]
+    pub exclude: Vec<String>,
 }
 
 /// A `--shape`.
@@ -186,8 +191,14 @@ pub fn cli_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
             pruned: 0,
             timed: (0, 0),
         };
-        let report = rt.tune(spec, shape, &given, family, &mut |p| bar.update(p))?;
+        let report = rt.tune(spec, shape, &given, family, &a.exclude, &mut |p| {
+            bar.update(p)
+        });
         eprintln!();
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => return retry_without_culprit(a, spec, e),
+        };
         print_table(&report, a.all);
         let back = rt.load_tuned(spec, &shape)?;
         println!(
@@ -213,6 +224,39 @@ pub fn cli_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// After a candidate killed the CUDA context (which no process can recover), runs this command
+/// again in a fresh process without that candidate (this declaration only).
+fn retry_without_culprit(
+    a: &TuneArgs,
+    spec: &VariantSpec,
+    e: FlashError,
+) -> Result<ExitCode, FlashError> {
+    let msg = e.to_string();
+    let Some(rest) = msg.split(crate::tune::CONTEXT_LOST).nth(1) else {
+        return Err(e);
+    };
+    let label = rest.split(':').next().unwrap_or("").to_string();
+    if label.is_empty() || a.exclude.len() >= 4 || a.exclude.contains(&label) {
+        return Err(e);
+    }
+    eprintln!("{msg}\nretrying in a fresh process without {label}");
+    let exe = std::env::current_exe().map_err(|e| FlashError::io("locating", "flash", e))?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.extend(["--exclude".to_string(), label]);
+    if a.variant.name.is_none() {
+        args.extend(["--name".to_string(), spec.name.clone()]);
+    }
+    let status = std::process::Command::new(exe)
+        .args(&args)
+        .status()
+        .map_err(|e| FlashError::io("starting", "flash", e))?;
+    Ok(if status.success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn print_table(r: &TuneReport, all: bool) {

@@ -378,7 +378,16 @@ pub trait Timer {
     fn time(&mut self, cfg: &TileConfig) -> Result<f64, String>;
     /// `Ok` when `cfg`'s output agrees with the reference; `Err` says how it does not.
     fn check(&mut self, cfg: &TileConfig) -> Result<(), String>;
+    /// After a failure: whether the device can still run anything (a kernel fault poisons a
+    /// CUDA context for good). `Err` aborts the search.
+    fn healthy(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
+
+/// Start of the error message of a search aborted because a candidate killed the CUDA
+/// context; the candidate's label (see [`config_label`]) follows, then `: `.
+pub const CONTEXT_LOST: &str = "the CUDA context died after candidate ";
 
 /// Progress of a tuning run, for a progress bar.
 #[derive(Debug, Clone)]
@@ -399,6 +408,8 @@ pub struct TuneOptions {
     pub family: Option<KernelFamily>,
     /// Useful floating-point operations of one forward pass (for TFLOP/s), 0 if unknown.
     pub flops: f64,
+    /// Labels ([`config_label`]) of configurations to leave out.
+    pub exclude: Vec<String>,
 }
 
 /// The outcome of [`tune`].
@@ -437,6 +448,9 @@ pub fn tune(
         .into_iter()
         .map(|config| {
             let status = match config_is_valid(spec, &config) {
+                _ if opts.exclude.contains(&config_label(&config)) => {
+                    Status::Pruned("excluded (it faulted in an earlier attempt)".into())
+                }
                 Err(e) => Status::Pruned(format!("layout: {e}")),
                 Ok(()) => {
                     let smem = flash_dsl::plan::smem_bytes(spec, &config);
@@ -545,7 +559,15 @@ pub fn tune(
                     c.tflops = Some(opts.flops / (ms * 1e-3) / 1e12);
                 }
             }
-            Err(e) => c.status = Status::Failed(e),
+            Err(e) => {
+                c.status = Status::Failed(e.clone());
+                if let Err(h) = timer.healthy() {
+                    return Err(FlashError::Driver(format!(
+                        "{CONTEXT_LOST}{}: {e} ({h})",
+                        config_label(&c.config)
+                    )));
+                }
+            }
         }
         progress(&Progress::Timed { done: n + 1, total });
     }
@@ -563,14 +585,42 @@ pub fn tune(
                 winner = Some(i);
                 break;
             }
-            Err(e) => cands[i].status = Status::Wrong(e),
+            Err(e) => {
+                if let Err(h) = timer.healthy() {
+                    return Err(FlashError::Driver(format!(
+                        "{CONTEXT_LOST}{}: {e} ({h})",
+                        config_label(&cands[i].config)
+                    )));
+                }
+                cands[i].status = Status::Wrong(e)
+            }
         }
     }
     let Some(w) = winner else {
+        // Say why, one example per kind of failure.
+        let mut why: Vec<String> = Vec::new();
+        for c in &cands {
+            let kind = match &c.status {
+                Status::Pruned(w) if w.starts_with("layout") => continue,
+                Status::Pruned(_) => "pruned",
+                Status::CompileFailed(_) => "compile failed",
+                Status::Failed(_) => "failed",
+                Status::Wrong(_) => "wrong",
+                Status::Ok | Status::Winner => continue,
+            };
+            if !why.iter().any(|w| w.starts_with(kind)) {
+                why.push(format!(
+                    "{kind} (e.g. {}: {})",
+                    config_label(&c.config),
+                    c.status.short()
+                ));
+            }
+        }
         return Err(invalid(format!(
-            "no candidate of `{}` survived tuning ({} considered)",
+            "no candidate of `{}` survived tuning ({} considered): {}",
             spec.name,
-            cands.len()
+            cands.len(),
+            why.join("; ")
         )));
     };
     let default_ms = cands
@@ -979,6 +1029,15 @@ impl Timer for GpuTimer<'_> {
             output_tolerance(self.spec.dtype),
         )
     }
+
+    fn healthy(&mut self) -> Result<(), String> {
+        self.rt.synchronize().map_err(|e| e.to_string())?;
+        self.rt
+            .stream()
+            .alloc_zeros::<u8>(16)
+            .map(drop)
+            .map_err(|e| format!("allocating after the failure: {e:?}"))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1042,13 +1101,15 @@ impl Runtime {
     }
 
     /// Tunes `spec` at `shape` on this GPU (params: the given values, plausible random ones for
-    /// the rest), writes the record beside the kernel cache and returns the table.
+    /// the rest; `exclude`: labels of configurations to leave out), writes the record beside
+    /// the kernel cache and returns the table.
     pub fn tune(
         &self,
         spec: &VariantSpec,
         shape: ProblemShape,
         given: &[(String, ParamValue)],
         family: Option<KernelFamily>,
+        exclude: &[String],
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<TuneReport, FlashError> {
         let start = Instant::now();
@@ -1065,6 +1126,7 @@ impl Runtime {
             threads: 0,
             family,
             flops,
+            exclude: exclude.to_vec(),
         };
         let compiler = CacheCompiler {
             cache: self.cache(),

@@ -109,6 +109,7 @@ fn search_prunes_before_timing_and_picks_the_fastest_correct() {
         threads: 4,
         family: None,
         flops: 1e12,
+        exclude: vec![],
     };
     let mut events = Vec::new();
     let r = tune(&s, "sm_80", &opts, &compiler, &mut timer, &mut |p| {
@@ -190,6 +191,7 @@ fn sm90a_searches_both_families_and_family_can_be_forced() {
         threads: 2,
         family: None,
         flops: 0.0,
+        exclude: vec![],
     };
     let r = tune(&s, "sm_90a", &opts, &compiler, &mut timer, &mut |_| {}).unwrap();
     assert_eq!(r.default.family, KernelFamily::Sm90);
@@ -231,6 +233,7 @@ fn no_survivor_is_an_error() {
         threads: 1,
         family: None,
         flops: 0.0,
+        exclude: vec![],
     };
     let e = tune(&causal(), "sm_80", &opts, &Never, &mut timer, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("no candidate"), "{e}");
@@ -488,4 +491,105 @@ fn output_comparison() {
     assert!(e.contains("element 1"), "{e}");
     let e = compare_outputs(&[0.5, f32::NAN, 0.125], &want, 1e-3).unwrap_err();
     assert!(e.contains("1 elements"), "{e}");
+}
+
+/// The real compile path (NVRTC, several threads) with a fake timer; needs NVRTC, no GPU.
+/// Run with `cargo test --test tune -- --ignored` where NVRTC is on the library path.
+#[test]
+#[ignore]
+fn real_compiles_in_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = flash_runtime::KernelCache::new(Some(dir.path().to_path_buf()));
+    let compiler = CacheCompiler {
+        cache: &cache,
+        arch: "sm_90a".into(),
+    };
+    let mut timer = FakeTimer {
+        timed: vec![],
+        checked: vec![],
+        wrong: None,
+    };
+    let opts = TuneOptions {
+        max_smem: 227 * 1024,
+        threads: 2,
+        family: None,
+        flops: 0.0,
+        exclude: vec![],
+    };
+    let r = tune(
+        &causal(),
+        "sm_90a",
+        &opts,
+        &compiler,
+        &mut timer,
+        &mut |p| eprintln!("{p:?}"),
+    )
+    .unwrap();
+    for c in &r.candidates {
+        if !matches!(&c.status, Status::Pruned(w) if w.starts_with("layout")) {
+            eprintln!(
+                "{} {:?} {}",
+                config_label(&c.config),
+                c.resources,
+                c.status.short()
+            );
+        }
+    }
+}
+
+/// A candidate that kills the context aborts the search naming it; excluding it lets the
+/// search finish.
+#[test]
+fn a_faulting_candidate_aborts_and_can_be_excluded() {
+    struct Faulty {
+        bad: TileConfig,
+        dead: bool,
+    }
+    impl Timer for Faulty {
+        fn time(&mut self, cfg: &TileConfig) -> Result<f64, String> {
+            if self.dead || *cfg == self.bad {
+                self.dead = true;
+                return Err("illegal address".into());
+            }
+            Ok(1.0 + cfg.block_n as f64 / 1000.0)
+        }
+        fn check(&mut self, _: &TileConfig) -> Result<(), String> {
+            if self.dead {
+                Err("dead".into())
+            } else {
+                Ok(())
+            }
+        }
+        fn healthy(&mut self) -> Result<(), String> {
+            if self.dead {
+                Err("context destroyed".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+    let compiler = FakeCompiler {
+        calls: Mutex::new(Vec::new()),
+    };
+    let bad = cfg(128, 32, 8, 2, KernelFamily::Sm80);
+    let mut opts = TuneOptions {
+        max_smem: 227 * 1024,
+        threads: 2,
+        family: None,
+        flops: 0.0,
+        exclude: vec![],
+    };
+    let mut t = Faulty { bad, dead: false };
+    let e = tune(&causal(), "sm_80", &opts, &compiler, &mut t, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("{CONTEXT_LOST}{}: ", config_label(&bad))),
+        "{e}"
+    );
+    opts.exclude.push(config_label(&bad));
+    let mut t = Faulty { bad, dead: false };
+    let r = tune(&causal(), "sm_80", &opts, &compiler, &mut t, &mut |_| {}).unwrap();
+    let c = r.candidates.iter().find(|c| c.config == bad).unwrap();
+    assert!(matches!(&c.status, Status::Pruned(w) if w.starts_with("excluded")));
 }
