@@ -59,6 +59,9 @@ pub struct TuneArgs {
     /// starts itself again without it (at most 4 times).
     #[arg(long)]
     pub exclude: Vec<String>,
+    /// Keep the default unless the fastest candidate beats it by more than this fraction.
+    #[arg(long, default_value_t = 0.02)]
+    pub min_gain: f64,
 }
 
 /// A `--shape`.
@@ -166,7 +169,11 @@ impl Bar {
 pub fn cli_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
     let specs = a.variant.load()?;
     let rt = Runtime::with_cache(a.gpu, KernelCache::new(a.cache.cache_dir.clone()))?;
-    let family = a.variant.family.map(KernelFamily::from);
+    let knobs = crate::tune::TuneKnobs {
+        family: a.variant.family.map(KernelFamily::from),
+        exclude: a.exclude.clone(),
+        min_gain: a.min_gain,
+    };
     let shape = a.shape.0;
     for spec in &specs {
         let given = given_params(spec, &a.params)?;
@@ -191,9 +198,7 @@ pub fn cli_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
             pruned: 0,
             timed: (0, 0),
         };
-        let report = rt.tune(spec, shape, &given, family, &a.exclude, &mut |p| {
-            bar.update(p)
-        });
+        let report = rt.tune(spec, shape, &given, &knobs, &mut |p| bar.update(p));
         eprintln!();
         let report = match report {
             Ok(r) => r,

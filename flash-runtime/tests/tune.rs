@@ -110,6 +110,7 @@ fn search_prunes_before_timing_and_picks_the_fastest_correct() {
         family: None,
         flops: 1e12,
         exclude: vec![],
+        min_gain: 0.0,
     };
     let mut events = Vec::new();
     let r = tune(&s, "sm_80", &opts, &compiler, &mut timer, &mut |p| {
@@ -192,6 +193,7 @@ fn sm90a_searches_both_families_and_family_can_be_forced() {
         family: None,
         flops: 0.0,
         exclude: vec![],
+        min_gain: 0.0,
     };
     let r = tune(&s, "sm_90a", &opts, &compiler, &mut timer, &mut |_| {}).unwrap();
     assert_eq!(r.default.family, KernelFamily::Sm90);
@@ -234,6 +236,7 @@ fn no_survivor_is_an_error() {
         family: None,
         flops: 0.0,
         exclude: vec![],
+        min_gain: 0.0,
     };
     let e = tune(&causal(), "sm_80", &opts, &Never, &mut timer, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("no candidate"), "{e}");
@@ -515,6 +518,7 @@ fn real_compiles_in_parallel() {
         family: None,
         flops: 0.0,
         exclude: vec![],
+        min_gain: 0.0,
     };
     let r = tune(
         &causal(),
@@ -578,6 +582,7 @@ fn a_faulting_candidate_aborts_and_can_be_excluded() {
         family: None,
         flops: 0.0,
         exclude: vec![],
+        min_gain: 0.0,
     };
     let mut t = Faulty { bad, dead: false };
     let e = tune(&causal(), "sm_80", &opts, &compiler, &mut t, &mut |_| {})
@@ -592,4 +597,58 @@ fn a_faulting_candidate_aborts_and_can_be_excluded() {
     let r = tune(&causal(), "sm_80", &opts, &compiler, &mut t, &mut |_| {}).unwrap();
     let c = r.candidates.iter().find(|c| c.config == bad).unwrap();
     assert!(matches!(&c.status, Status::Pruned(w) if w.starts_with("excluded")));
+}
+
+/// Within the noise margin the default stays; beyond it the faster configuration wins.
+#[test]
+fn the_default_stays_unless_beaten_by_the_margin() {
+    struct Close(f64);
+    impl Timer for Close {
+        fn time(&mut self, cfg: &TileConfig) -> Result<f64, String> {
+            let d = flash_dsl::plan::default_config_for(&causal(), KernelFamily::Sm80);
+            Ok(if *cfg == d {
+                1.0
+            } else {
+                self.0 + cfg.block_n as f64 * 1e-6
+            })
+        }
+        fn check(&mut self, _: &TileConfig) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let compiler = FakeCompiler {
+        calls: Mutex::new(Vec::new()),
+    };
+    let opts = TuneOptions {
+        max_smem: 227 * 1024,
+        threads: 2,
+        family: None,
+        flops: 0.0,
+        exclude: vec![],
+        min_gain: 0.02,
+    };
+    // 1% faster: noise, the default stays.
+    let r = tune(
+        &causal(),
+        "sm_80",
+        &opts,
+        &compiler,
+        &mut Close(0.99),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(r.winner, r.default);
+    assert_eq!(r.count(|s| *s == Status::Winner), 1);
+    // 5% faster: it wins.
+    let r = tune(
+        &causal(),
+        "sm_80",
+        &opts,
+        &compiler,
+        &mut Close(0.95),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_ne!(r.winner, r.default);
+    assert!(r.winner_ms < 0.96);
 }
