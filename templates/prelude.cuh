@@ -90,6 +90,26 @@ __device__ __forceinline__ int iabs(int a) { return a < 0 ? -a : a; }
 /// Clamps a parameter index into [0, n-1]: every tensor lookup is in bounds by construction.
 __device__ __forceinline__ int clampi(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 
+// ---- data-dependent tile classification ------------------------------------------------------
+
+/// Minimum and maximum of p[i0..=i1], reduced across the calling warp: every lane of the warp
+/// must call it with the same arguments (tile classification is block-uniform).
+__device__ __forceinline__ void warp_range(const int* p, i64 i0, i64 i1, i64& lo, i64& hi) {
+  int mn = 0x7fffffff, mx = -0x7fffffff - 1;
+  for (i64 i = i0 + (threadIdx.x & 31); i <= i1; i += 32) {
+    const int v = __ldg(p + i);
+    mn = v < mn ? v : mn;
+    mx = v > mx ? v : mx;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    mn = imin(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    mx = imax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  }
+  lo = mn;
+  hi = mx;
+}
+
 // ---- integer floor/ceil division, for the key-range hull of affine masks --------------------
 
 __device__ __forceinline__ i64 fdiv(i64 a, i64 b) {  // b > 0

@@ -12,7 +12,7 @@ use handlebars::Handlebars;
 use serde::Serialize;
 
 use crate::args::HEADER_CPP;
-use crate::plan::{AffineAtom, CmpOp, KernelFamily, KernelPlan, MaskTree};
+use crate::plan::{range_lookup, AffineAtom, CmpOp, KernelFamily, KernelPlan, MaskPlan, MaskTree};
 use crate::spec::{BinOp, DType, Dim, Expr, Func, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Var};
 
 /// Declarations, argument struct and mask/score hooks shared by both kernel skeletons.
@@ -81,7 +81,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
     };
     let (classify_body, hull_body, mask_expr) = match &plan.mask {
         Some(m) => (
-            classify_body(&m.tree, &m.atoms, &cx),
+            classify_body(m, &cx),
             hull_body(&m.tree, &m.atoms, &cx),
             cx.expr(&m.expr),
         ),
@@ -293,6 +293,86 @@ impl ExprCx<'_> {
     }
 }
 
+impl ExprCx<'_> {
+    /// Emits statements bounding the integer expression `e` over the tile (`q0..q1`,
+    /// `k0..k1`, in scope in `tile_class`) and returns the names of its lower and upper bound.
+    /// Lookups are bounded by a warp-wide min/max over the tensor slice the tile reads.
+    fn interval(&self, e: &Expr, out: &mut String, n: &mut usize) -> (String, String) {
+        let id = *n;
+        *n += 1;
+        let (lo, hi) = match e {
+            Expr::Var(Var::Q) => ("q0".to_string(), "q1".to_string()),
+            Expr::Var(Var::K) => ("k0".to_string(), "k1".to_string()),
+            Expr::Unary(UnOp::Neg, a) => {
+                let (lo, hi) = self.interval(a, out, n);
+                (format!("-{hi}"), format!("-{lo}"))
+            }
+            Expr::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul), a, b) => {
+                let (alo, ahi) = self.interval(a, out, n);
+                let (blo, bhi) = self.interval(b, out, n);
+                match op {
+                    BinOp::Add => (format!("{alo} + {blo}"), format!("{ahi} + {bhi}")),
+                    BinOp::Sub => (format!("{alo} - {bhi}"), format!("{ahi} - {blo}")),
+                    _ => {
+                        let p =
+                            format!("{alo} * {blo}, {alo} * {bhi}, {ahi} * {blo}, {ahi} * {bhi}");
+                        let _ = writeln!(out, "  const i64 p{id}[4] = {{{p}}};");
+                        (
+                            format!("flash::lmin(flash::lmin(p{id}[0], p{id}[1]), flash::lmin(p{id}[2], p{id}[3]))"),
+                            format!("flash::lmax(flash::lmax(p{id}[0], p{id}[1]), flash::lmax(p{id}[2], p{id}[3]))"),
+                        )
+                    }
+                }
+            }
+            Expr::Index(i, idx) => {
+                let p = &self.params[*i];
+                let (pos, lead) = range_lookup_of(self, *i, idx);
+                let (p0, p1) = if pos == Var::Q {
+                    ("q0", "q1")
+                } else {
+                    ("k0", "k1")
+                };
+                let seq = "(i64)flash::imax(seq_q, seq_k)";
+                let base = match lead {
+                    None => "0".to_string(),
+                    Some((ix, size)) => format!("(i64)flash::clampi({ix}, {size}) * {seq}"),
+                };
+                let _ = writeln!(
+                    out,
+                    "  i64 t{id}lo, t{id}hi;\n  flash::warp_range(args.{} + {base}, flash::lmax({p0}, 0), flash::lmin({p1}, {seq} - 1), t{id}lo, t{id}hi);",
+                    field_name(p)
+                );
+                (format!("t{id}lo"), format!("t{id}hi"))
+            }
+            other => {
+                let v = format!("(i64)({})", self.expr(other));
+                (v.clone(), v)
+            }
+        };
+        let _ = writeln!(out, "  const i64 v{id}lo = {lo}, v{id}hi = {hi};");
+        (format!("v{id}lo"), format!("v{id}hi"))
+    }
+}
+
+/// The position variable of a range lookup and, if any, its leading index with that
+/// dimension's size, as C++.
+fn range_lookup_of(cx: &ExprCx, param: usize, idx: &[Expr]) -> (Var, Option<(String, String)>) {
+    let ParamKind::Tensor { dims, .. } = &cx.params[param].kind else {
+        unreachable!("range atoms only hold tensor lookups")
+    };
+    let (pos, lead) = range_lookup(cx.params, param, idx).expect("the planner checked the lookup");
+    let lead = lead.map(|e| {
+        let size = match dims[0] {
+            Dim::Batch => "args.h.batch".to_string(),
+            Dim::Heads => "args.h.heads_q".to_string(),
+            Dim::Seq => unreachable!("the leading dimension of a range lookup is not seq"),
+            Dim::Fixed(n) => n.to_string(),
+        };
+        (cx.expr(e), size)
+    });
+    (pos, lead)
+}
+
 fn binop_cpp(op: BinOp) -> &'static str {
     match op {
         BinOp::Add => "+",
@@ -351,8 +431,11 @@ fn atom_extremes(a: &AffineAtom, cx: &ExprCx) -> (String, String) {
 }
 
 /// Body of `tile_class`: one three-valued local per atom (0 never, 1 unknown, 2 always),
-/// combined as the mask tree says (and = min, or = max, not = 2 - x).
-fn classify_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
+/// combined as the mask tree says (and = min, or = max, not = 2 - x). Range atoms cost warp
+/// reductions over tensor slices, so the tree is first decided with them unknown; three-valued
+/// logic is monotone, so a definite answer then stands and the reductions are skipped.
+fn classify_body(mask: &MaskPlan, cx: &ExprCx) -> String {
+    let (tree, atoms) = (&mask.tree, &mask.atoms);
     let mut out = String::new();
     for (i, a) in atoms.iter().enumerate() {
         let (mn, mx) = atom_extremes(a, cx);
@@ -369,6 +452,36 @@ fn classify_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
             "  int a{i};\n  {{ const i64 mn = {mn}, mx = {mx}; a{i} = ({always}) ? 2 : (({never}) ? 0 : 1); }}"
         );
     }
+    if mask.ranges.is_empty() {
+        let _ = writeln!(out, "  return {};", tree3(tree));
+        return out;
+    }
+    let unknown: Vec<String> = (0..mask.ranges.len())
+        .map(|i| format!("r{i} = 1"))
+        .collect();
+    let _ = writeln!(out, "  int {};", unknown.join(", "));
+    let _ = writeln!(out, "  const int first = {};", tree3(tree));
+    let _ = writeln!(out, "  if (first != 1) return first;");
+    let mut n = 0usize;
+    for (i, r) in mask.ranges.iter().enumerate() {
+        let (llo, lhi) = cx.interval(&r.lhs, &mut out, &mut n);
+        let (rlo, rhi) = cx.interval(&r.rhs, &mut out, &mut n);
+        let (always, never) = match r.op {
+            CmpOp::Lt => (format!("{lhi} < {rlo}"), format!("{llo} >= {rhi}")),
+            CmpOp::Le => (format!("{lhi} <= {rlo}"), format!("{llo} > {rhi}")),
+            CmpOp::Gt => (format!("{llo} > {rhi}"), format!("{lhi} <= {rlo}")),
+            CmpOp::Ge => (format!("{llo} >= {rhi}"), format!("{lhi} < {rlo}")),
+            CmpOp::Eq => (
+                format!("{llo} == {lhi} && {rlo} == {rhi} && {llo} == {rlo}"),
+                format!("{lhi} < {rlo} || {rhi} < {llo}"),
+            ),
+            CmpOp::Ne => (
+                format!("{lhi} < {rlo} || {rhi} < {llo}"),
+                format!("{llo} == {lhi} && {rlo} == {rhi} && {llo} == {rlo}"),
+            ),
+        };
+        let _ = writeln!(out, "  r{i} = ({always}) ? 2 : (({never}) ? 0 : 1);");
+    }
     let _ = writeln!(out, "  return {};", tree3(tree));
     out
 }
@@ -379,6 +492,7 @@ fn tree3(t: &MaskTree) -> String {
         MaskTree::Const(false) => "0".into(),
         MaskTree::Atom(i) => format!("a{i}"),
         MaskTree::Opaque => "1".into(),
+        MaskTree::Range(i) => format!("r{i}"),
         MaskTree::And(xs) => xs
             .iter()
             .map(tree3)
@@ -399,7 +513,8 @@ fn tree3(t: &MaskTree) -> String {
 /// unbounded. Non-strict bounds for strict comparisons only widen the interval, which is safe:
 /// every tile inside it is still classified.
 fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
-    let mut out = String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n  (void)NEG; (void)POS;\n");
+    let mut out =
+        String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n  (void)NEG; (void)POS;\n");
     let mut n = 0usize;
     let root = hull_node(tree, atoms, cx, &mut out, &mut n);
     let _ = writeln!(out, "  lo = {root}_lo;\n  hi = {root}_hi;");

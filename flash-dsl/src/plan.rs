@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::eval::{ParamValue, ParamValues};
-use crate::spec::{BinOp, Expr, ParamKind, ScalarTy, Ty, UnOp, Var, VariantSpec};
+use crate::spec::{BinOp, Dim, Expr, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Var, VariantSpec};
 
 /// Tile shape and launch shape of the forward kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -90,6 +90,8 @@ pub enum MaskTree {
     /// A sub-expression that is not affine in `(q, k)` (data-dependent, non-linear): unknown
     /// over a tile, decided per element.
     Opaque,
+    /// Index into [`MaskPlan::ranges`]: decided per tile from interval bounds when it can be.
+    Range(usize),
     And(Vec<MaskTree>),
     Or(Vec<MaskTree>),
     Not(Box<MaskTree>),
@@ -113,6 +115,23 @@ pub struct MaskPlan {
     pub expr: Expr,
     pub atoms: Vec<AffineAtom>,
     pub tree: MaskTree,
+    /// Data-dependent comparisons decided per tile by interval bounds (see [`RangeAtom`]).
+    #[serde(default)]
+    pub ranges: Vec<RangeAtom>,
+}
+
+/// An integer comparison `lhs OP rhs` that is not affine in `(q, k)` because it reads tensors,
+/// such as a document mask `doc[q] == doc[k]`. Over a tile both sides are bounded by interval
+/// arithmetic, each lookup `T[q]` (or `T[b, k]`, …) by the minimum and maximum of `T` over the
+/// tile's positions, which the kernel reduces across a warp. With sorted document ids most tiles
+/// are decided: disjoint documents give an empty tile (never loaded), a single shared document
+/// a full one (no mask code). Lookups qualify when the position index is `q` or `k` on the last
+/// (`seq`) dimension and any leading dimension is indexed by `b`, `h` or a literal.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RangeAtom {
+    pub lhs: Expr,
+    pub rhs: Expr,
+    pub op: CmpOp,
 }
 
 /// One user parameter's place in the kernel argument struct.
@@ -668,10 +687,15 @@ fn comparison(op: CmpOp, diff: Linear, atoms: &mut Vec<AffineAtom>) -> MaskTree 
     MaskTree::Atom(index)
 }
 
-fn mask_tree(spec: &VariantSpec, e: &Expr, atoms: &mut Vec<AffineAtom>) -> MaskTree {
+fn mask_tree(
+    spec: &VariantSpec,
+    e: &Expr,
+    atoms: &mut Vec<AffineAtom>,
+    ranges: &mut Vec<RangeAtom>,
+) -> MaskTree {
     match e {
         Expr::Bool(b) => MaskTree::Const(*b),
-        Expr::Unary(UnOp::Not, a) => match mask_tree(spec, a, atoms) {
+        Expr::Unary(UnOp::Not, a) => match mask_tree(spec, a, atoms, ranges) {
             MaskTree::Const(b) => MaskTree::Const(!b),
             MaskTree::Not(inner) => *inner,
             t => MaskTree::Not(Box::new(t)),
@@ -680,7 +704,7 @@ fn mask_tree(spec: &VariantSpec, e: &Expr, atoms: &mut Vec<AffineAtom>) -> MaskT
             let is_and = *op == BinOp::And;
             let mut children = Vec::new();
             for side in [a, b] {
-                match mask_tree(spec, side, atoms) {
+                match mask_tree(spec, side, atoms, ranges) {
                     MaskTree::And(xs) if is_and => children.extend(xs),
                     MaskTree::Or(xs) if !is_and => children.extend(xs),
                     // `true && x` is x; `false || x` is x.
@@ -711,21 +735,91 @@ fn mask_tree(spec: &VariantSpec, e: &Expr, atoms: &mut Vec<AffineAtom>) -> MaskT
                 .and_then(|(a, b)| a.add(&b.scale(-1)?));
             match diff {
                 Some(d) => comparison(cmp_op(*op).expect("comparison"), d, atoms),
-                None => MaskTree::Opaque,
+                None => range_atom(spec, cmp_op(*op).expect("comparison"), a, b, ranges),
             }
         }
         _ => MaskTree::Opaque,
     }
 }
 
+/// A [`RangeAtom`] for an integer comparison that reads tensors and whose sides interval
+/// arithmetic can bound; otherwise an opaque node.
+fn range_atom(
+    spec: &VariantSpec,
+    op: CmpOp,
+    a: &Expr,
+    b: &Expr,
+    ranges: &mut Vec<RangeAtom>,
+) -> MaskTree {
+    let mut reads_tensor = false;
+    for side in [a, b] {
+        side.visit(&mut |e| reads_tensor |= matches!(e, Expr::Index(..)));
+    }
+    if !reads_tensor || !bounded(spec, a) || !bounded(spec, b) {
+        return MaskTree::Opaque;
+    }
+    let atom = RangeAtom {
+        lhs: a.clone(),
+        rhs: b.clone(),
+        op,
+    };
+    let index = ranges.iter().position(|r| *r == atom).unwrap_or_else(|| {
+        ranges.push(atom);
+        ranges.len() - 1
+    });
+    MaskTree::Range(index)
+}
+
+/// Whether interval arithmetic bounds the integer expression `e` over a tile.
+fn bounded(spec: &VariantSpec, e: &Expr) -> bool {
+    match e {
+        Expr::Int(_) | Expr::Var(_) | Expr::Scalar(_) => true,
+        Expr::Unary(UnOp::Neg, a) => bounded(spec, a),
+        Expr::Binary(BinOp::Add | BinOp::Sub | BinOp::Mul, a, b) => {
+            bounded(spec, a) && bounded(spec, b)
+        }
+        Expr::Index(i, idx) => range_lookup(&spec.params, *i, idx).is_some(),
+        _ => false,
+    }
+}
+
+/// How a lookup qualifies for range bounds: the position variable (`q` or `k`) indexing the
+/// last, `seq`, dimension, and the index of the leading dimension if there is one.
+pub fn range_lookup<'e>(
+    params: &[ParamDecl],
+    param: usize,
+    idx: &'e [Expr],
+) -> Option<(Var, Option<&'e Expr>)> {
+    let ParamKind::Tensor {
+        elem: ScalarTy::I32,
+        dims,
+    } = &params[param].kind
+    else {
+        return None;
+    };
+    let pos = match idx.last()? {
+        Expr::Var(v @ (Var::Q | Var::K)) => *v,
+        _ => return None,
+    };
+    match (dims.as_slice(), idx) {
+        ([Dim::Seq], [_]) => Some((pos, None)),
+        ([Dim::Batch, Dim::Seq], [lead @ Expr::Var(Var::B), _])
+        | ([Dim::Heads, Dim::Seq], [lead @ Expr::Var(Var::H), _])
+        | ([Dim::Fixed(_), Dim::Seq], [lead @ Expr::Int(_), _]) => Some((pos, Some(lead))),
+        _ => None,
+    }
+}
+
 /// Splits a mask into affine atoms and opaque parts (see [`MaskPlan`]).
 pub fn analyse_mask(spec: &VariantSpec, mask: &Expr) -> MaskPlan {
     let mut atoms = Vec::new();
-    let tree = mask_tree(spec, mask, &mut atoms);
+    let mut ranges = Vec::new();
+    let tree = mask_tree(spec, mask, &mut atoms, &mut ranges);
     MaskPlan {
         expr: mask.clone(),
         atoms,
         tree,
+        ranges,
     }
 }
 
@@ -742,6 +836,8 @@ pub struct TileEnv {
     pub b: i64,
     pub h: i64,
     pub scalars: Vec<i64>,
+    /// Integer tensor params by param index (empty for others), for [`RangeAtom`] bounds.
+    pub int_tensors: Vec<Vec<i64>>,
 }
 
 impl TileEnv {
@@ -760,6 +856,67 @@ impl TileEnv {
                     _ => 0,
                 })
                 .collect(),
+            int_tensors: params
+                .0
+                .iter()
+                .map(|p| match p {
+                    ParamValue::IntTensor(v) => v.clone(),
+                    _ => Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Bounds `[lo, hi]` of the integer expression `e` over the tile `[q0,q1] × [k0,k1]`, as
+    /// the kernel computes them (see [`RangeAtom`]).
+    pub fn interval(&self, e: &Expr, q: (i64, i64), k: (i64, i64)) -> (i128, i128) {
+        match e {
+            Expr::Var(Var::Q) => (q.0 as i128, q.1 as i128),
+            Expr::Var(Var::K) => (k.0 as i128, k.1 as i128),
+            Expr::Unary(UnOp::Neg, a) => {
+                let (lo, hi) = self.interval(a, q, k);
+                (-hi, -lo)
+            }
+            Expr::Binary(op @ (BinOp::Add | BinOp::Sub | BinOp::Mul), a, b) => {
+                let (a, b) = (self.interval(a, q, k), self.interval(b, q, k));
+                match op {
+                    BinOp::Add => (a.0 + b.0, a.1 + b.1),
+                    BinOp::Sub => (a.0 - b.1, a.1 - b.0),
+                    _ => {
+                        let p = [a.0 * b.0, a.0 * b.1, a.1 * b.0, a.1 * b.1];
+                        (*p.iter().min().unwrap(), *p.iter().max().unwrap())
+                    }
+                }
+            }
+            Expr::Index(i, idx) => {
+                let t = &self.int_tensors[*i];
+                let seq = self.seq_q.max(self.seq_k);
+                let last = idx.last().expect("a lookup has an index");
+                let (p0, p1) = if matches!(last, Expr::Var(Var::Q)) {
+                    q
+                } else {
+                    k
+                };
+                let lead = match &idx[..idx.len() - 1] {
+                    [] => 0,
+                    [Expr::Var(Var::B)] => self.b,
+                    [Expr::Var(Var::H)] => self.h,
+                    [Expr::Int(c)] => *c,
+                    other => panic!("not a range lookup: {other:?}"),
+                };
+                let n_lead = (t.len() as i64 / seq.max(1)).max(1);
+                let base = (lead.clamp(0, n_lead - 1) * seq) as usize;
+                let (p0, p1) = (p0.clamp(0, seq - 1) as usize, p1.clamp(0, seq - 1) as usize);
+                let xs = &t[base + p0..=base + p1];
+                (
+                    *xs.iter().min().unwrap() as i128,
+                    *xs.iter().max().unwrap() as i128,
+                )
+            }
+            other => {
+                let v = self.offset(other);
+                (v, v)
+            }
         }
     }
 
@@ -827,22 +984,46 @@ fn atom_truth(atom: &AffineAtom, env: &TileEnv, q0: i64, q1: i64, k0: i64, k1: i
     }
 }
 
-fn tree_truth(
-    tree: &MaskTree,
-    atoms: &[AffineAtom],
-    env: &TileEnv,
-    b: (i64, i64, i64, i64),
-) -> Truth {
+/// Truth of a range atom over a tile, from the interval bounds of its two sides.
+fn range_truth(r: &RangeAtom, env: &TileEnv, b: (i64, i64, i64, i64)) -> Truth {
+    let (l, h) = (
+        env.interval(&r.lhs, (b.0, b.1), (b.2, b.3)),
+        env.interval(&r.rhs, (b.0, b.1), (b.2, b.3)),
+    );
+    let (always, never) = match r.op {
+        CmpOp::Lt => (l.1 < h.0, l.0 >= h.1),
+        CmpOp::Le => (l.1 <= h.0, l.0 > h.1),
+        CmpOp::Gt => (l.0 > h.1, l.1 <= h.0),
+        CmpOp::Ge => (l.0 >= h.1, l.1 < h.0),
+        CmpOp::Eq => (
+            l.0 == l.1 && h.0 == h.1 && l.0 == h.0,
+            l.1 < h.0 || h.1 < l.0,
+        ),
+        CmpOp::Ne => (
+            l.1 < h.0 || h.1 < l.0,
+            l.0 == l.1 && h.0 == h.1 && l.0 == h.0,
+        ),
+    };
+    match (always, never) {
+        (true, _) => Truth::Always,
+        (_, true) => Truth::Never,
+        _ => Truth::Mixed,
+    }
+}
+
+fn tree_truth(tree: &MaskTree, mask: &MaskPlan, env: &TileEnv, b: (i64, i64, i64, i64)) -> Truth {
+    let atoms = &mask.atoms;
     match tree {
         MaskTree::Const(true) => Truth::Always,
         MaskTree::Const(false) => Truth::Never,
         MaskTree::Atom(i) => atom_truth(&atoms[*i], env, b.0, b.1, b.2, b.3),
         MaskTree::Opaque => Truth::Mixed,
-        MaskTree::Not(t) => tree_truth(t, atoms, env, b).not(),
+        MaskTree::Range(i) => range_truth(&mask.ranges[*i], env, b),
+        MaskTree::Not(t) => tree_truth(t, mask, env, b).not(),
         MaskTree::And(ts) => {
             let mut acc = Truth::Always;
             for t in ts {
-                match tree_truth(t, atoms, env, b) {
+                match tree_truth(t, mask, env, b) {
                     Truth::Never => return Truth::Never,
                     Truth::Mixed => acc = Truth::Mixed,
                     Truth::Always => {}
@@ -853,7 +1034,7 @@ fn tree_truth(
         MaskTree::Or(ts) => {
             let mut acc = Truth::Never;
             for t in ts {
-                match tree_truth(t, atoms, env, b) {
+                match tree_truth(t, mask, env, b) {
                     Truth::Always => return Truth::Always,
                     Truth::Mixed => acc = Truth::Mixed,
                     Truth::Never => {}
@@ -885,7 +1066,7 @@ pub fn classify(
         spec.params.len()
     );
     debug_assert!(q0 <= q1 && k0 <= k1, "empty tile box");
-    match tree_truth(&mask.tree, &mask.atoms, env, (q0, q1, k0, k1)) {
+    match tree_truth(&mask.tree, mask, env, (q0, q1, k0, k1)) {
         Truth::Always => TileClass::Full,
         Truth::Never => TileClass::Empty,
         Truth::Mixed => TileClass::Partial,
@@ -925,7 +1106,7 @@ pub fn key_tile_classes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{DType, Dim, ParamDecl};
+    use crate::spec::DType;
 
     fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
         VariantSpec {
@@ -1174,6 +1355,7 @@ mod tests {
             b: 0,
             h: 0,
             scalars: vec![],
+            int_tensors: vec![],
         };
         assert_eq!(env.offset(&m.atoms[0].offset), 21);
         // A float comparison is opaque.
@@ -1195,6 +1377,7 @@ mod tests {
             b: 0,
             h: 0,
             scalars: vec![],
+            int_tensors: vec![],
         };
         use TileClass::*;
         assert_eq!(

@@ -425,7 +425,7 @@ fn tile_skipping_is_real() {
     // Query tile t sees min(t + 1, 17) key tiles.
     assert_eq!(v1024, (1..=16).sum::<usize>() + 48 * 17);
 
-    // Document (opaque && causal): exactly the causal tiles, none of them full.
+    // Document (causal && a range atom over the document ids).
     let doc = plan(&specs::document(), c64).unwrap();
     let doc_params = params_for(
         &doc.spec,
@@ -438,7 +438,17 @@ fn tile_skipping_is_real() {
         0,
         1,
     );
-    assert_eq!(tile_counts(&doc, 1024, &doc_params), (136, 0, 256));
+    // Documents of 1..23 tokens: the range atom `doc[q] == doc[k]` leaves only tiles near the
+    // diagonal, never fewer than those with a visible element (soundness is tested against
+    // the reference elsewhere), never more than the causal ones.
+    let (visited, full, total) = tile_counts(&doc, 1024, &doc_params);
+    assert_eq!((visited, full, total), (30, 0, 256));
+    // Four documents of 256 tokens: each is 4 query tiles × 4 key tiles of which the causal
+    // 10 are visited; the 6 below the diagonal hold one document only and are full.
+    let four_docs = ParamValues::new(vec![ParamValue::IntTensor(
+        (0..1024).map(|i| (i / 256) as i64).collect(),
+    )]);
+    assert_eq!(tile_counts(&doc, 1024, &four_docs), (40, 24, 256));
 
     // Prefix-LM with a runtime prefix of 256: causal tiles plus the prefix columns above it.
     let prefix = plan(&specs::prefix_lm(), c64).unwrap();
