@@ -229,7 +229,10 @@ impl ExprCx<'_> {
             .to_string(),
             Expr::Scalar(i) => format!("args.{}", field_name(&self.params[*i])),
             Expr::Index(i, idx) => self.index(*i, idx),
-            Expr::ToFloat(a) => format!("((float)({}))", self.expr(a)),
+            Expr::ToFloat(a) => match float_affine(a) {
+                Some(f) => f,
+                None => format!("((float)({}))", self.expr(a)),
+            },
             Expr::Unary(UnOp::Neg, a) => format!("(-{})", self.expr(a)),
             Expr::Unary(UnOp::Not, a) => format!("(!{})", self.expr(a)),
             Expr::Binary(op, a, b) => {
@@ -371,6 +374,38 @@ fn range_lookup_of(cx: &ExprCx, param: usize, idx: &[Expr]) -> (Var, Option<(Str
         (cx.expr(e), size)
     });
     (pos, lead)
+}
+
+/// `ToFloat` of an integer expression built from `q`, `k`, literals, `+`, `-` and products with
+/// a literal, rewritten over the float positions `qf` and `kf` that the kernel keeps per score
+/// element: an integer-to-float conversion per element (a slow instruction) becomes additions of
+/// constants. Exact while positions stay below 2^24.
+fn float_affine(e: &Expr) -> Option<String> {
+    Some(match e {
+        Expr::Var(Var::Q) => "qf".into(),
+        Expr::Var(Var::K) => "kf".into(),
+        Expr::Int(c) if c.unsigned_abs() < 1 << 24 => float_lit(*c as f64),
+        Expr::Unary(UnOp::Neg, a) => format!("(-{})", float_affine(a)?),
+        Expr::Binary(op @ (BinOp::Add | BinOp::Sub), a, b) => {
+            format!(
+                "({} {} {})",
+                float_affine(a)?,
+                binop_cpp(*op),
+                float_affine(b)?
+            )
+        }
+        Expr::Binary(BinOp::Mul, a, b) => {
+            let (c, x) = match (&**a, &**b) {
+                (Expr::Int(c), x) | (x, Expr::Int(c)) => (*c, x),
+                _ => return None,
+            };
+            if c.unsigned_abs() >= 1 << 24 {
+                return None;
+            }
+            format!("({} * {})", float_lit(c as f64), float_affine(x)?)
+        }
+        _ => return None,
+    })
 }
 
 fn binop_cpp(op: BinOp) -> &'static str {

@@ -218,20 +218,25 @@ pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 
 /// The default tile configuration for a spec and kernel family, by its larger head dim.
 ///
-/// sm90 (measured on an H200, `bench/results/`): 128 query rows in two warpgroups; 128 keys per
-/// step at head dim 128 (fewer steps, the wgmma n extent amortises the softmax), 64 at head dim
-/// 64 where the 128-key tile was 20% slower.
+/// sm90 (measured on an H200 against the other sm90 tiles, see `bench/results/`): 128 query rows
+/// in two warpgroups; at head dim 128, 128 keys per step, double-buffered (fewer steps; the
+/// wgmma n extent amortises the softmax); at head dim 64, 64 keys single-buffered, which ran
+/// 8-20% faster than 128 keys or two stages there (two blocks fit on an SM).
 pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
     match family {
         KernelFamily::Sm80 => default_config(spec),
         KernelFamily::Sm90 => {
             let d = spec.head_dim_qk.max(spec.head_dim_v);
-            let block_n = if d <= 64 || d > 128 { 64 } else { 128 };
+            let (block_n, stages) = match d {
+                0..=64 => (64, 1),
+                65..=128 => (128, 2),
+                _ => (64, 2),
+            };
             TileConfig {
                 block_m: 128,
                 block_n,
                 warps: 8,
-                stages: 2,
+                stages,
                 family,
             }
         }
