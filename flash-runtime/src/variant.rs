@@ -38,7 +38,12 @@ pub enum ParamArg<'a> {
 impl<'a> ParamArg<'a> {
     /// A raw device tensor (used by the CLI, which holds untyped buffers).
     pub fn raw_tensor(ptr: u64, len: usize, elem: ScalarTy) -> Self {
-        ParamArg::Tensor { ptr, len, elem, _borrow: PhantomData }
+        ParamArg::Tensor {
+            ptr,
+            len,
+            elem,
+            _borrow: PhantomData,
+        }
     }
     pub fn tensor_i32(s: &'a CudaSlice<i32>, stream: &CudaStream) -> Self {
         let (ptr, _sync) = s.device_ptr(stream);
