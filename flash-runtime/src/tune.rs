@@ -797,7 +797,8 @@ enum ParamHold {
 }
 
 /// Times candidates with CUDA events on random inputs of one shape and checks each against the
-/// default configuration's output on the same inputs.
+/// default configuration's output on the same inputs and, when a [`SpotCheck`] is attached (as
+/// `Runtime::tune` does), against the float64 reference on a small odd-sized problem.
 pub struct GpuTimer<'r> {
     rt: &'r Runtime,
     spec: VariantSpec,
@@ -810,8 +811,94 @@ pub struct GpuTimer<'r> {
     params: Vec<ParamHold>,
     poison: Vec<u16>,
     reference: Option<Vec<f32>>,
+    /// The float64 check every candidate passes on a small odd-sized problem.
+    spot: Option<Box<SpotCheck<'r>>>,
     pub warmup: usize,
     pub iters: usize,
+}
+
+/// Every candidate also runs a small problem with odd sizes (257 queries, 300 keys, two
+/// batches, GQA when the tuned shape has it), so tiles are partial and masks cut through them,
+/// and its output is held to FlashAttention's rule against the float64 reference: max error at
+/// most twice that of a plain same-precision implementation.
+pub struct SpotCheck<'r> {
+    timer: GpuTimer<'r>,
+    /// Reference output and the error bound, computed on the CPU once.
+    want: Option<(Vec<f64>, f64)>,
+    params: ParamValues,
+}
+
+impl<'r> SpotCheck<'r> {
+    /// The spot problem for `spec` tuned at `tuned`; params drawn like the tuning's own (scalar
+    /// values the user gave are kept; tensors are redrawn at the small size).
+    pub fn new(
+        rt: &'r Runtime,
+        spec: &VariantSpec,
+        tuned: ProblemShape,
+        given: &[(String, ParamValue)],
+    ) -> Result<SpotCheck<'r>, FlashError> {
+        let gqa = tuned.heads_q != tuned.heads_kv;
+        let shape = ProblemShape {
+            batch: 2,
+            heads_q: 2,
+            heads_kv: if gqa { 1 } else { 2 },
+            seq_q: 257,
+            seq_k: 300,
+        };
+        let sizes = Sizes {
+            batch: shape.batch,
+            heads: shape.heads_q,
+            seq_q: shape.seq_q,
+            seq_k: shape.seq_k,
+        };
+        let scalars: Vec<(String, ParamValue)> = given
+            .iter()
+            .filter(|(_, v)| matches!(v, ParamValue::Int(_) | ParamValue::Float(_)))
+            .cloned()
+            .collect();
+        let params = default_params(spec, sizes, &scalars, 0x5907);
+        Ok(SpotCheck {
+            timer: GpuTimer::new(rt, spec, shape, &params, 0x5907)?,
+            want: None,
+            params,
+        })
+    }
+
+    /// `Ok` when `cfg` meets the rule on the spot problem; `Err` gives both errors.
+    fn check(&mut self, cfg: &TileConfig) -> Result<(), String> {
+        if self.want.is_none() {
+            let problem = self
+                .timer
+                .host_problem(&self.params)
+                .map_err(|e| e.to_string())?;
+            let spec = &self.timer.spec;
+            let exact = flash_dsl::reference::forward(spec, &problem).o;
+            let plain = flash_dsl::reference::forward_lowp(
+                spec,
+                &problem,
+                flash_dsl::reference::rounding(spec.dtype),
+            )
+            .o;
+            let bound = 2.0 * flash_dsl::reference::max_abs_diff(&plain, &exact) + 1e-6;
+            self.want = Some((exact, bound));
+        }
+        let got = self.timer.output(cfg).map_err(|e| e.to_string())?;
+        let (exact, bound) = self.want.as_ref().expect("set above");
+        if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+            return Err(format!(
+                "spot check: element {i} is {} (unwritten or NaN)",
+                got[i]
+            ));
+        }
+        let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+        let err = flash_dsl::reference::max_abs_diff(&got, exact);
+        if err > *bound {
+            return Err(format!(
+                "spot check against the float64 reference (257x300): max error {err:.3e} > 2x the plain implementation's ({bound:.3e})"
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> FlashError {
@@ -911,6 +998,7 @@ impl<'r> GpuTimer<'r> {
             params: holds,
             poison: vec![0xffff; n_o.max(8)],
             reference: None,
+            spot: None,
             warmup: 3,
             iters: 15,
         })
@@ -963,6 +1051,45 @@ impl<'r> GpuTimer<'r> {
             .iter()
             .map(|&b| from_bits(self.spec.dtype, b))
             .collect())
+    }
+}
+
+impl<'r> GpuTimer<'r> {
+    /// Attaches the float64 spot check that every candidate must also pass.
+    pub fn set_spot_check(&mut self, spot: SpotCheck<'r>) {
+        self.spot = Some(Box::new(spot));
+    }
+
+    /// The problem on the host, exactly as uploaded (Q, K, V rounded to the dtype), for the
+    /// float64 reference.
+    fn host_problem(
+        &self,
+        params: &ParamValues,
+    ) -> Result<flash_dsl::reference::Problem, FlashError> {
+        let stream = self.rt.stream().clone();
+        let s = self.shape;
+        let (dqk, dv) = (
+            self.spec.head_dim_qk as usize,
+            self.spec.head_dim_v as usize,
+        );
+        let down = |buf: &CudaSlice<u16>, n: usize| -> Result<Vec<f64>, FlashError> {
+            let host: Vec<u16> = stream.clone_dtoh(buf).map_err(drv("copying inputs back"))?;
+            Ok(host[..n]
+                .iter()
+                .map(|&b| from_bits(self.spec.dtype, b) as f64)
+                .collect())
+        };
+        Ok(flash_dsl::reference::Problem {
+            batch: s.batch,
+            heads_q: s.heads_q,
+            heads_kv: s.heads_kv,
+            seq_q: s.seq_q,
+            seq_k: s.seq_k,
+            q: down(&self.q, s.batch * s.seq_q * s.heads_q * dqk)?,
+            k: down(&self.k, s.batch * s.seq_k * s.heads_kv * dqk)?,
+            v: down(&self.v, s.batch * s.seq_k * s.heads_kv * dv)?,
+            params: params.clone(),
+        })
     }
 }
 
@@ -1047,7 +1174,11 @@ impl Timer for GpuTimer<'_> {
             &got,
             self.reference.as_deref().expect("set above"),
             output_tolerance(self.spec.dtype),
-        )
+        )?;
+        match self.spot.as_mut() {
+            Some(spot) => spot.check(cfg),
+            None => Ok(()),
+        }
     }
 
     fn healthy(&mut self) -> Result<(), String> {
@@ -1173,6 +1304,7 @@ impl Runtime {
             arch: self.info().arch.clone(),
         };
         let mut timer = GpuTimer::new(self, spec, shape, &params, 0x1234)?;
+        timer.set_spot_check(SpotCheck::new(self, spec, shape, given)?);
         let mut result = tune(
             spec,
             &self.info().arch,
