@@ -18,6 +18,7 @@ pub mod eval;
 pub mod parse;
 pub mod plan;
 pub mod reference;
+pub mod rng;
 pub mod spec;
 pub mod validate;
 

@@ -58,7 +58,7 @@ impl Problem {
         params: ParamValues,
         seed: u64,
     ) -> Problem {
-        let mut rng = SplitMix(seed);
+        let mut rng = crate::rng::SplitMix(seed);
         let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
         let mut draw = |n: usize| (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect();
         Problem {
@@ -303,23 +303,6 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
 
 pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// splitmix64: a tiny deterministic generator so the crate needs no `rand`.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)` with 53 random bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 #[cfg(test)]

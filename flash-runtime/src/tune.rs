@@ -679,29 +679,8 @@ impl Compiler for CacheCompiler<'_> {
 // Inputs
 // ---------------------------------------------------------------------------------------------
 
-/// A small deterministic generator (SplitMix64).
-#[derive(Debug, Clone)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)`.
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u = self.uniform().max(1e-300);
-        let v = self.uniform();
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-}
+/// The deterministic generator the tuner draws inputs and params from.
+pub use flash_dsl::rng::SplitMix as Rng;
 
 /// Plausible values for every param the user did not give: document ids sorted in `[0, 8)` for
 /// an i32 `[seq]` tensor, ALiBi slopes `2^(-8(h+1)/H)` for an f32 `[heads]` tensor, random
