@@ -23,7 +23,6 @@
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,6 +34,7 @@ use sha2::{Digest, Sha256};
 
 use crate::compile::{compile_uncached, nvrtc_version, CompileOptions, CompiledKernel, Resources};
 use crate::error::FlashError;
+use crate::ffi;
 
 /// Version of the entry file format and of the key derivation; also names the subfolder.
 pub const FORMAT_VERSION: u32 = 1;
@@ -146,26 +146,15 @@ impl KeyLock {
             .truncate(false)
             .write(true)
             .open(path)?;
-        loop {
-            // SAFETY: `f` owns a valid open descriptor for the duration of the call.
-            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-            if r == 0 {
-                return Ok(KeyLock(f));
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        ffi::flock_exclusive(&f)?;
+        Ok(KeyLock(f))
     }
 }
 
 impl Drop for KeyLock {
     fn drop(&mut self) {
-        // SAFETY: valid descriptor; closing it would release the lock anyway.
-        unsafe {
-            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
-        }
+        // Closing the descriptor would release the lock anyway.
+        ffi::flock_unlock(&self.0);
     }
 }
 

@@ -275,8 +275,10 @@ pub enum CacheCommand {
     Dir(CacheDirArg),
 }
 
-/// Entry point of the `flash` binary.
+/// Entry point of the `flash` binary. A closed stdout pipe (`flash plan F --json | head`) ends
+/// the program quietly with status 0 rather than a `println!` panic.
 pub fn main() -> ExitCode {
+    crate::ffi::exit_quietly_on_sigpipe();
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     match run(cli) {

@@ -6,7 +6,7 @@
 //! attention numerics are compared against an IEEE reference, and a kernel that wants an
 //! approximate intrinsic (`ex2.approx`, `__expf`) spells it out in its source.
 
-use std::ffi::{c_char, CString};
+use std::ffi::CString;
 use std::path::Path;
 use std::time::Instant;
 
@@ -15,6 +15,7 @@ use flash_dsl::CudaSource;
 use serde::{Deserialize, Serialize};
 
 use crate::error::FlashError;
+use crate::ffi;
 use crate::libs;
 
 /// NVRTC options that vary between compiles. Derives `Hash` so it can sit inside cache keys.
@@ -170,93 +171,15 @@ pub struct CompiledKernel {
 /// NVRTC's version `(major, minor)`; loads NVRTC first if needed.
 pub fn nvrtc_version() -> Result<(i32, i32), FlashError> {
     libs::ensure_nvrtc()?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: NVRTC is loaded (ensure_nvrtc); both pointers are valid for writes.
-    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
-    check(r, "nvrtcVersion")?;
-    Ok((major, minor))
+    ffi::nvrtc_version().map_err(|r| nvrtc_error(r, "nvrtcVersion"))
 }
 
-fn error_string(r: sys::nvrtcResult) -> String {
-    // SAFETY: nvrtcGetErrorString returns a static C string for any result code.
-    let p = unsafe { sys::nvrtcGetErrorString(r) };
-    if p.is_null() {
-        format!("{r:?}")
-    } else {
-        // SAFETY: non-null, NUL-terminated, static.
-        unsafe { std::ffi::CStr::from_ptr(p) }
-            .to_string_lossy()
-            .into_owned()
-    }
-}
-
-fn check(r: sys::nvrtcResult, what: &str) -> Result<(), FlashError> {
-    if r == sys::nvrtcResult::NVRTC_SUCCESS {
-        Ok(())
-    } else {
-        Err(FlashError::Nvrtc(format!(
-            "{what} failed: {}",
-            error_string(r)
-        )))
-    }
+fn nvrtc_error(r: sys::nvrtcResult, what: &str) -> FlashError {
+    FlashError::Nvrtc(format!("{what} failed: {}", ffi::nvrtc_error_string(r)))
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString, FlashError> {
     CString::new(s).map_err(|_| FlashError::Invalid(format!("{what} contains a NUL byte")))
-}
-
-/// An NVRTC program, destroyed on drop.
-struct Program(sys::nvrtcProgram);
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from a successful nvrtcCreateProgram and is destroyed once.
-        unsafe {
-            let _ = sys::nvrtcDestroyProgram(&mut self.0);
-        }
-    }
-}
-
-impl Program {
-    fn log(&self) -> String {
-        let mut size = 0usize;
-        // SAFETY: valid program handle; `size` is writable.
-        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut size) }
-            != sys::nvrtcResult::NVRTC_SUCCESS
-        {
-            return String::new();
-        }
-        let mut buf = vec![0u8; size.max(1)];
-        // SAFETY: `buf` holds the `size` bytes NVRTC reported.
-        if unsafe { sys::nvrtcGetProgramLog(self.0, buf.as_mut_ptr() as *mut c_char) }
-            != sys::nvrtcResult::NVRTC_SUCCESS
-        {
-            return String::new();
-        }
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    }
-
-    fn cubin(&self) -> Result<Vec<u8>, FlashError> {
-        let mut size = 0usize;
-        // SAFETY: valid, compiled program handle.
-        check(
-            unsafe { sys::nvrtcGetCUBINSize(self.0, &mut size) },
-            "nvrtcGetCUBINSize",
-        )?;
-        if size == 0 {
-            return Err(FlashError::Nvrtc(
-                "nvrtc produced no CUBIN (was a virtual `compute_XX` architecture given?)".into(),
-            ));
-        }
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds exactly the reported CUBIN size.
-        check(
-            unsafe { sys::nvrtcGetCUBIN(self.0, buf.as_mut_ptr() as *mut c_char) },
-            "nvrtcGetCUBIN",
-        )?;
-        Ok(buf)
-    }
 }
 
 /// Compiles `src` for `opts.arch` without any cache, logging one `tracing` line with
@@ -283,48 +206,22 @@ pub(crate) fn compile_uncached(
     let start = Instant::now();
     let source = cstring(&src.source, "the kernel source")?;
     let prog_name = cstring(&format!("{}.cu", src.kernel_name), "the kernel name")?;
-    let mut header_srcs = Vec::with_capacity(src.headers.len());
-    let mut header_names = Vec::with_capacity(src.headers.len());
+    let mut headers = Vec::with_capacity(src.headers.len());
     for (name, contents) in &src.headers {
-        header_names.push(cstring(name, "a header name")?);
-        header_srcs.push(cstring(contents, "a header")?);
+        let name = cstring(name, "a header name")?;
+        headers.push((name, cstring(contents, "a header")?));
     }
-    let header_src_ptrs: Vec<*const c_char> = header_srcs.iter().map(|c| c.as_ptr()).collect();
-    let header_name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
 
-    let mut raw: sys::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: every pointer refers to a NUL-terminated string alive until after the program
-    // is destroyed (they live to the end of this function; `Program` drops first, declared later);
-    // the header arrays both have `headers.len()` entries.
-    let r = unsafe {
-        sys::nvrtcCreateProgram(
-            &mut raw,
-            source.as_ptr(),
-            prog_name.as_ptr(),
-            header_srcs.len() as i32,
-            if header_srcs.is_empty() {
-                std::ptr::null()
-            } else {
-                header_src_ptrs.as_ptr()
-            },
-            if header_names.is_empty() {
-                std::ptr::null()
-            } else {
-                header_name_ptrs.as_ptr()
-            },
-        )
-    };
-    check(r, "nvrtcCreateProgram")?;
-    let prog = Program(raw);
+    // The program borrows `source`, `prog_name` and `headers`, so they outlive it.
+    let mut prog = ffi::NvrtcProgram::create(&source, &prog_name, &headers)
+        .map_err(|r| nvrtc_error(r, "nvrtcCreateProgram"))?;
 
     let args = opts.nvrtc_args();
     let cargs: Vec<CString> = args
         .iter()
         .map(|a| cstring(a, "a compile option"))
         .collect::<Result<_, _>>()?;
-    let arg_ptrs: Vec<*const c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
-    // SAFETY: valid program; `arg_ptrs` has `cargs.len()` valid C strings alive for the call.
-    let r = unsafe { sys::nvrtcCompileProgram(prog.0, arg_ptrs.len() as i32, arg_ptrs.as_ptr()) };
+    let r = prog.compile(&cargs);
     let log = prog.log();
     if let Some(dir) = &dump {
         let _ = std::fs::write(
@@ -334,16 +231,21 @@ pub(crate) fn compile_uncached(
     }
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
         let log = if log.trim().is_empty() {
-            error_string(r)
+            ffi::nvrtc_error_string(r)
         } else {
-            format!("{}\n{log}", error_string(r))
+            format!("{}\n{log}", ffi::nvrtc_error_string(r))
         };
         return Err(FlashError::Compile {
             kernel: src.kernel_name.clone(),
             log,
         });
     }
-    let cubin = prog.cubin()?;
+    let cubin = prog.cubin().map_err(|(what, r)| nvrtc_error(r, what))?;
+    if cubin.is_empty() {
+        return Err(FlashError::Nvrtc(
+            "nvrtc produced no CUBIN (was a virtual `compute_XX` architecture given?)".into(),
+        ));
+    }
     drop(prog);
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     let resources = Resources::parse_log(&log, &src.kernel_name);

@@ -7,7 +7,8 @@
 //!
 //! A forward pass takes [`TensorRef`]s for Q, K, V, a [`TensorMut`] for O, the LSE buffer and the
 //! variant's parameters as [`ParamArg`]s. Everything the kernel will touch is checked before the
-//! launch (see [`Runtime::forward`] and the `# Safety` comment of [`Runtime::launch_checked`]);
+//! launch (see [`Runtime::forward`] and the numbered `# Safety` comment of
+//! `ffi::launch_prepared`, which only a checked `PreparedLaunch` can reach);
 //! every failure is a [`FlashError::Invalid`] naming the offending value and the limit it broke.
 //!
 //! Layouts (the kernel's contract, see `flash_dsl::args`): Q `[batch, seq_q, heads_q, d_qk]`,
@@ -17,11 +18,10 @@
 //! `h / (heads_q / heads_kv)`.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUpointer_attribute};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     result, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
@@ -34,6 +34,7 @@ use flash_dsl::{KernelPlan, TileConfig, VariantSpec};
 use crate::cache::{CacheOutcome, KernelCache};
 use crate::compile::{CompileOptions, CompiledKernel};
 use crate::error::FlashError;
+use crate::ffi;
 use crate::libs;
 use crate::variant::{ParamArg, Variant};
 
@@ -491,7 +492,7 @@ impl Runtime {
         params: &[ParamArg<'_>],
     ) -> Result<(), FlashError> {
         let launch = self.prepare(kernel, q, k, v, o, lse, params)?;
-        self.launch_checked(kernel, &launch)
+        self.launch_checked(&launch)
     }
 
     /// Loads `spec` (memoised) and runs it: [`Runtime::load`] then [`Runtime::forward`].
@@ -601,7 +602,7 @@ impl Runtime {
     ) -> Result<f32, FlashError> {
         let launch = self.prepare(kernel, q, k, v, o, lse, params)?;
         for _ in 0..warmup {
-            self.launch_checked(kernel, &launch)?;
+            self.launch_checked(&launch)?;
         }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = |what| {
@@ -615,7 +616,7 @@ impl Runtime {
             start
                 .record(&self.stream)
                 .map_err(|e| driver("recording an event", e))?;
-            self.launch_checked(kernel, &launch)?;
+            self.launch_checked(&launch)?;
             end.record(&self.stream)
                 .map_err(|e| driver("recording an event", e))?;
             end.synchronize()
@@ -643,16 +644,16 @@ impl Runtime {
 
     /// Every check of a launch; on success the packed argument struct and the grid.
     #[allow(clippy::too_many_arguments)]
-    fn prepare(
-        &self,
-        kernel: &LoadedKernel,
+    fn prepare<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
         q: &TensorRef<'_>,
         k: &TensorRef<'_>,
         v: &TensorRef<'_>,
         o: &TensorMut<'_>,
         lse: &LseMut<'_>,
         params: &[ParamArg<'_>],
-    ) -> Result<PreparedLaunch, FlashError> {
+    ) -> Result<PreparedLaunch<'a>, FlashError> {
         let plan = &kernel.plan;
         let spec = &plan.spec;
         let shape = check_shapes(spec, &q.desc, &k.desc, &v.desc, &o.desc)?;
@@ -752,6 +753,8 @@ impl Runtime {
             *w = u64::from_le_bytes(b8);
         }
         Ok(PreparedLaunch {
+            kernel,
+            stream: &self.stream,
             args: words,
             grid: (grid_x as u32, heads_q as u32, batch as u32),
             empty: seq_q == 0 || batch == 0 || heads_q == 0,
@@ -767,35 +770,11 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver("binding the context", e))?;
-        let mut start: u64 = 0;
-        let mut size: usize = 0;
-        let mut ordinal: i32 = -1;
-        // SAFETY: each `data` pointer refers to a live local of the type the attribute writes
-        // (CUdeviceptr, size_t, int); the driver only reads `ptr` as a number.
-        let r = unsafe {
-            [
-                sys::cuPointerGetAttribute(
-                    &mut start as *mut u64 as *mut c_void,
-                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                    ptr,
-                ),
-                sys::cuPointerGetAttribute(
-                    &mut size as *mut usize as *mut c_void,
-                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                    ptr,
-                ),
-                sys::cuPointerGetAttribute(
-                    &mut ordinal as *mut i32 as *mut c_void,
-                    CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                    ptr,
-                ),
-            ]
-        };
-        if r.iter().any(|r| *r != sys::CUresult::CUDA_SUCCESS) {
-            return Err(invalid(format!(
+        let (start, size, ordinal) = ffi::pointer_range(ptr).map_err(|r| {
+            invalid(format!(
                 "{name} ({ptr:#x}) is not device memory the driver knows ({r:?})"
-            )));
-        }
+            ))
+        })?;
         // The device, not the context: stream-ordered (pool) allocations, which cudarc makes
         // where the driver supports them, belong to no context.
         if ordinal != self.info.ordinal as i32 {
@@ -814,62 +793,21 @@ impl Runtime {
         Ok(())
     }
 
-    /// Launches a prepared forward pass.
-    fn launch_checked(
-        &self,
-        kernel: &LoadedKernel,
-        launch: &PreparedLaunch,
-    ) -> Result<(), FlashError> {
+    /// Launches a prepared forward pass (see the `# Safety` comment of
+    /// [`ffi::launch_prepared`] for what `prepare` established).
+    fn launch_checked(&self, launch: &PreparedLaunch<'_>) -> Result<(), FlashError> {
         if launch.empty {
             return Ok(());
         }
-        let mut args = launch.args.clone();
-        let mut params: [*mut c_void; 1] = [args.as_mut_ptr() as *mut c_void];
         self.ctx
             .bind_to_thread()
             .map_err(|e| driver("binding the context", e))?;
-        // # Safety
-        //
-        // What `prepare` (the only producer of a `PreparedLaunch`) established:
-        // 1. The function comes from a module loaded into `self.ctx` and kept alive by
-        //    `kernel.func` (which holds the module), so the handle is valid; its dynamic shared
-        //    memory limit was raised to `plan.smem_bytes` at load, and that is at most the
-        //    device's opt-in limit.
-        // 2. The single kernel parameter points at `args`, an 8-byte aligned buffer of exactly
-        //    `plan.params.total_size` bytes — the size the generated source `static_assert`s for
-        //    its `Args` struct — holding the `KernelArgsHeader` at offset 0 (layout tested against
-        //    the Rust struct) and each user param at the plan's offsets. The driver copies it at
-        //    launch, so it need only live until `launch_kernel` returns.
-        // 3. Q, K, V and O: the dtype matches the variant's, head dims match, batch and heads
-        //    agree and `heads_q % heads_kv == 0`; the last dimension is contiguous, every other
-        //    stride is a non-negative multiple of 8 elements and every base address 16-byte
-        //    aligned (cp.async moves 16-byte rows); the furthest element any index tuple reaches
-        //    lies inside the caller's slice *and*, per the driver, inside one allocation on this
-        //    device; each view was taken from a slice of this runtime's context. O's strides
-        //    make distinct elements distinct memory.
-        // 4. The LSE buffer is 4-byte aligned and holds `batch·heads_q·seq_q` floats inside one
-        //    allocation on this device.
-        // 5. Each tensor param has the declared element type, is 4-byte aligned and holds at
-        //    least the element count its dims resolve to (`Fixed(n)` indices are clamped by the
-        //    kernel, `Batch`/`Heads`/`Seq` indices range over the launch's sizes), inside one
-        //    allocation; scalars have the declared type.
-        // 6. Sizes fit the kernel's `int`s (seq ≤ i32::MAX, all offsets checked for i64
-        //    overflow) and the grid fits the launch limits.
-        // 7. The borrows of the `TensorRef`/`TensorMut`/`LseMut` the caller passed were taken
-        //    from `CudaSlice`s, which live at least as long as the views; all work goes to
-        //    `self.stream`, the stream the views were taken on by this runtime's callers, so a
-        //    later free or copy on that stream is ordered after the kernel.
-        unsafe {
-            result::launch_kernel(
-                kernel.func.cu_function(),
-                launch.grid,
-                (kernel.plan.threads(), 1, 1),
-                kernel.plan.smem_bytes,
-                self.stream.cu_stream(),
-                &mut params,
+        ffi::launch_prepared(launch).map_err(|e| {
+            driver(
+                &format!("launching `{}`", launch.kernel.plan.kernel_name),
+                e,
             )
-        }
-        .map_err(|e| driver(&format!("launching `{}`", kernel.plan.kernel_name), e))
+        })
     }
 }
 
@@ -960,12 +898,36 @@ pub fn pack_params(
     Ok(regions)
 }
 
-/// A launch whose arguments passed every check.
-struct PreparedLaunch {
+/// A launch whose arguments passed every check: only [`Runtime::prepare`] builds one (the
+/// fields are private to this module), so holding one is what [`ffi::launch_prepared`] needs.
+pub(crate) struct PreparedLaunch<'a> {
+    /// The kernel the arguments were checked against.
+    kernel: &'a LoadedKernel,
+    /// The runtime's stream, which the views were taken on.
+    stream: &'a CudaStream,
     args: Vec<u64>,
     grid: (u32, u32, u32),
     /// Nothing to compute (`seq_q == 0`, or no batch/heads).
     empty: bool,
+}
+
+impl<'a> PreparedLaunch<'a> {
+    pub(crate) fn kernel(&self) -> &'a LoadedKernel {
+        self.kernel
+    }
+    pub(crate) fn function(&self) -> &'a CudaFunction {
+        &self.kernel.func
+    }
+    pub(crate) fn stream(&self) -> &'a CudaStream {
+        self.stream
+    }
+    /// The packed argument struct, 8-byte words.
+    pub(crate) fn args(&self) -> &[u64] {
+        &self.args
+    }
+    pub(crate) fn grid(&self) -> (u32, u32, u32) {
+        self.grid
+    }
 }
 
 fn three(s: [i64; 4]) -> [i64; 3] {

@@ -1,4 +1,9 @@
 //! flash-runtime: compile generated kernels with NVRTC, cache them, launch them through cudarc.
+//!
+//! `unsafe` lives in one module, `ffi` (private, `src/ffi.rs`): the crate denies `unsafe_code`
+//! everywhere else.
+
+#![deny(unsafe_code)]
 
 pub mod cache;
 pub mod cli;
@@ -6,6 +11,8 @@ pub mod cli_run;
 pub mod cli_tune;
 pub mod compile;
 pub mod error;
+#[allow(unsafe_code)]
+mod ffi;
 pub mod launch;
 pub mod libs;
 pub mod npy;

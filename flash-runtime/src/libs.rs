@@ -24,12 +24,11 @@
 //! builtins library from the same folder first, by absolute path, makes that inner `dlopen`
 //! resolve to it as well.
 
-use std::ffi::{CStr, CString};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::error::FlashError;
+use crate::ffi::{self, dlopen_global};
 
 /// Where a library was found, and which NVRTC version it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,32 +136,6 @@ fn wheel_dirs() -> Vec<PathBuf> {
         out.push(r.join(".nvrtc").join(SUB));
     }
     out
-}
-
-fn dlerror_string() -> String {
-    // SAFETY: dlerror returns null or a valid C string owned by libc, copied out at once.
-    unsafe {
-        let e = libc::dlerror();
-        if e.is_null() {
-            "unknown dlopen error".to_string()
-        } else {
-            CStr::from_ptr(e).to_string_lossy().into_owned()
-        }
-    }
-}
-
-/// `dlopen(name, RTLD_NOW | RTLD_GLOBAL)`; the handle is deliberately never closed.
-fn dlopen_global(name: &Path) -> Result<*mut libc::c_void, String> {
-    let c = CString::new(name.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: `c` is a valid NUL-terminated string. Loading runs the library's initialisers;
-    // the CUDA libraries' are safe to run at any time, and the handle is leaked on purpose
-    // so that symbols handed to cudarc stay valid for the life of the process.
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if h.is_null() {
-        Err(dlerror_string())
-    } else {
-        Ok(h)
-    }
 }
 
 /// Loads `libnvrtc-builtins.so.13*` from `dir` if present, so that NVRTC's own bare-name open
@@ -293,13 +266,10 @@ fn ensure(lib: Lib, slot: &Mutex<Option<LoadedLib>>) -> Result<LoadedLib, FlashE
     }
     let loaded = search_and_load(lib)?;
     // Only now ask cudarc: its probe opens by bare name, which must resolve to what we loaded.
-    // SAFETY: the probe only dlopens (and drops) the library by name.
-    let present = unsafe {
-        match lib {
-            Lib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
-            Lib::Driver => cudarc::driver::sys::is_culib_present(),
-        }
-    };
+    let present = ffi::culib_present(match lib {
+        Lib::Nvrtc => ffi::CudarcLib::Nvrtc,
+        Lib::Driver => ffi::CudarcLib::Driver,
+    });
     if !present {
         return Err(FlashError::LibraryNotFound {
             lib: lib.short().to_string(),
@@ -364,7 +334,7 @@ pub enum GpuProbe {
 /// Looks for GPUs without ever panicking: a machine with no driver or no device gets a value
 /// saying so.
 pub fn probe_gpus() -> GpuProbe {
-    use cudarc::driver::{result, sys};
+    use cudarc::driver::result;
     if let Err(e) = ensure_driver() {
         return GpuProbe::NoDriver(e.to_string());
     }
@@ -384,22 +354,8 @@ pub fn probe_gpus() -> GpuProbe {
             continue;
         };
         let name = result::device::get_name(dev).unwrap_or_else(|_| "unknown".to_string());
-        // SAFETY: `dev` is a valid device handle from cuDeviceGet after a successful cuInit.
-        let (maj, min, mem) = unsafe {
-            (
-                result::device::get_attribute(
-                    dev,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                )
-                .unwrap_or(0),
-                result::device::get_attribute(
-                    dev,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                )
-                .unwrap_or(0),
-                result::device::total_mem(dev).unwrap_or(0),
-            )
-        };
+        // `dev` is a valid device handle from cuDeviceGet after a successful cuInit.
+        let (maj, min, mem) = ffi::device_attributes(dev);
         out.push(GpuInfo {
             ordinal,
             name,

@@ -150,3 +150,41 @@ fn examples_generate_and_compile_through_the_cache() {
         );
     }
 }
+
+/// `flash plan F --json | head`: a reader that closes its end before `flash` writes must end
+/// the program quietly with success, not with a "failed printing to stdout" panic.
+#[test]
+fn closed_stdout_pipe_exits_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let causal = examples().join("causal.flash");
+    let causal = causal.to_str().unwrap();
+    for args in [
+        vec!["plan", causal, "--json"],
+        vec!["plan", causal],
+        vec!["gen", causal],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flash"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the only read end at once: every write of `flash` meets a closed pipe.
+        drop(child.stdout.take());
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+        assert!(status.success(), "{args:?}: {status:?}\n{err}");
+        assert!(err.is_empty(), "{args:?}: quiet, got:\n{err}");
+    }
+}

@@ -1,0 +1,386 @@
+//! Every `unsafe` block of the crate, behind small safe wrappers.
+//!
+//! The project's rule is "`unsafe` in one place": the crate root denies `unsafe_code` and only
+//! this module is exempt, so the compiler keeps foreign calls from spreading. Each wrapper is a
+//! *safe* function whose `SAFETY` comment says why the call is sound; where soundness rests on
+//! something the types cannot carry (the kernel launch), the wrapper takes a value only the
+//! checking code can build ([`PreparedLaunch`], produced by `launch.rs`'s checks) and the
+//! numbered `# Safety` comment says what those checks established.
+//!
+//! What the wrappers guarantee, and what their callers must still do:
+//!
+//! - **NVRTC** ([`NvrtcProgram`], [`nvrtc_version`], [`nvrtc_error_string`]): a program handle
+//!   exists only between a successful `nvrtcCreateProgram` and its one `nvrtcDestroyProgram`
+//!   (on drop), and borrows every string it was created from for that long; buffers handed to
+//!   NVRTC have exactly the size NVRTC reported. Results are NVRTC's own codes, so callers keep
+//!   their error messages. Callers load NVRTC first (`libs::ensure_nvrtc`): cudarc would panic,
+//!   not misbehave, without it.
+//! - **dlopen** ([`dlopen_global`], [`culib_present`]): `RTLD_NOW | RTLD_GLOBAL`, never closed,
+//!   so symbols handed out stay valid for the life of the process; failures carry `dlerror()`.
+//! - **flock** ([`flock_exclusive`], [`flock_unlock`]): on a descriptor the `File` borrow keeps
+//!   open for the call.
+//! - **Driver** ([`device_attributes`], [`pointer_range`], [`launch_prepared`]): callers load
+//!   the driver (`libs::ensure_driver`) and `cuInit` it first, and bind their context to the
+//!   thread before a pointer query or a launch; the launch itself is sound only for a
+//!   [`PreparedLaunch`], see its `# Safety` comment.
+//! - **Signals** ([`exit_quietly_on_sigpipe`]): a write to a closed pipe ends the process with
+//!   status 0 instead of failing the write.
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::fs::File;
+use std::marker::PhantomData;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use cudarc::driver::sys::{self as cu, CUdevice_attribute, CUpointer_attribute};
+use cudarc::driver::{result, DriverError};
+use cudarc::nvrtc::sys as nv;
+
+use crate::launch::PreparedLaunch;
+
+// ---------------------------------------------------------------------------------------------
+// NVRTC
+// ---------------------------------------------------------------------------------------------
+
+/// NVRTC's version `(major, minor)`. NVRTC must be loaded (`libs::ensure_nvrtc`).
+pub(crate) fn nvrtc_version() -> Result<(i32, i32), nv::nvrtcResult> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: both pointers are valid for writes for the duration of the call.
+    let r = unsafe { nv::nvrtcVersion(&mut major, &mut minor) };
+    if r == nv::nvrtcResult::NVRTC_SUCCESS {
+        Ok((major, minor))
+    } else {
+        Err(r)
+    }
+}
+
+/// NVRTC's description of `r` (`{r:?}` when it has none). NVRTC must be loaded.
+pub(crate) fn nvrtc_error_string(r: nv::nvrtcResult) -> String {
+    // SAFETY: nvrtcGetErrorString returns a static C string (or null) for any result code.
+    let p = unsafe { nv::nvrtcGetErrorString(r) };
+    if p.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null, NUL-terminated, static.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// An NVRTC program, destroyed on drop. It borrows the source, its name and the headers it was
+/// created from (`'a`), so they outlive the handle whatever NVRTC does with them.
+pub(crate) struct NvrtcProgram<'a> {
+    raw: nv::nvrtcProgram,
+    _inputs: PhantomData<&'a CStr>,
+}
+
+impl Drop for NvrtcProgram<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from a successful nvrtcCreateProgram and is destroyed only here.
+        unsafe {
+            let _ = nv::nvrtcDestroyProgram(&mut self.raw);
+        }
+    }
+}
+
+impl<'a> NvrtcProgram<'a> {
+    /// `nvrtcCreateProgram` with `headers` as `(name, contents)` pairs. NVRTC must be loaded.
+    pub(crate) fn create(
+        source: &'a CStr,
+        name: &'a CStr,
+        headers: &'a [(CString, CString)],
+    ) -> Result<Self, nv::nvrtcResult> {
+        let n =
+            i32::try_from(headers.len()).map_err(|_| nv::nvrtcResult::NVRTC_ERROR_INVALID_INPUT)?;
+        let srcs: Vec<*const c_char> = headers.iter().map(|(_, c)| c.as_ptr()).collect();
+        let names: Vec<*const c_char> = headers.iter().map(|(n, _)| n.as_ptr()).collect();
+        let (srcs_p, names_p) = if headers.is_empty() {
+            (std::ptr::null(), std::ptr::null())
+        } else {
+            (srcs.as_ptr(), names.as_ptr())
+        };
+        let mut raw: nv::nvrtcProgram = std::ptr::null_mut();
+        // SAFETY: every pointer refers to a NUL-terminated string borrowed for `'a`, which the
+        // returned program carries, so they outlive the handle; both header arrays have `n`
+        // entries and live for the call; `raw` is valid for writes.
+        let r = unsafe {
+            nv::nvrtcCreateProgram(&mut raw, source.as_ptr(), name.as_ptr(), n, srcs_p, names_p)
+        };
+        if r == nv::nvrtcResult::NVRTC_SUCCESS {
+            Ok(NvrtcProgram {
+                raw,
+                _inputs: PhantomData,
+            })
+        } else {
+            Err(r)
+        }
+    }
+
+    /// `nvrtcCompileProgram` with `options`; NVRTC's result code as is.
+    pub(crate) fn compile(&mut self, options: &[CString]) -> nv::nvrtcResult {
+        let Ok(n) = i32::try_from(options.len()) else {
+            return nv::nvrtcResult::NVRTC_ERROR_INVALID_INPUT;
+        };
+        let ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
+        // SAFETY: valid program handle; `ptrs` holds `n` valid C strings alive for the call.
+        unsafe { nv::nvrtcCompileProgram(self.raw, n, ptrs.as_ptr()) }
+    }
+
+    /// The program's log (empty when NVRTC cannot give one).
+    pub(crate) fn log(&self) -> String {
+        let mut size = 0usize;
+        // SAFETY: valid program handle; `size` is writable.
+        if unsafe { nv::nvrtcGetProgramLogSize(self.raw, &mut size) }
+            != nv::nvrtcResult::NVRTC_SUCCESS
+        {
+            return String::new();
+        }
+        let mut buf = vec![0u8; size.max(1)];
+        // SAFETY: `buf` holds (at least) the `size` bytes NVRTC reported.
+        if unsafe { nv::nvrtcGetProgramLog(self.raw, buf.as_mut_ptr() as *mut c_char) }
+            != nv::nvrtcResult::NVRTC_SUCCESS
+        {
+            return String::new();
+        }
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    }
+
+    /// The CUBIN of a compiled program; empty when NVRTC reports size 0 (a virtual
+    /// architecture), in which case `nvrtcGetCUBIN` is not called. Errors name the failing call.
+    pub(crate) fn cubin(&self) -> Result<Vec<u8>, (&'static str, nv::nvrtcResult)> {
+        let mut size = 0usize;
+        // SAFETY: valid program handle; `size` is writable.
+        let r = unsafe { nv::nvrtcGetCUBINSize(self.raw, &mut size) };
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(("nvrtcGetCUBINSize", r));
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds exactly the reported CUBIN size.
+        let r = unsafe { nv::nvrtcGetCUBIN(self.raw, buf.as_mut_ptr() as *mut c_char) };
+        if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            return Err(("nvrtcGetCUBIN", r));
+        }
+        Ok(buf)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dynamic loading
+// ---------------------------------------------------------------------------------------------
+
+fn dlerror_string() -> String {
+    // SAFETY: dlerror returns null or a valid C string owned by libc, copied out at once.
+    unsafe {
+        let e = libc::dlerror();
+        if e.is_null() {
+            "unknown dlopen error".to_string()
+        } else {
+            CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
+    }
+}
+
+/// `dlopen(name, RTLD_NOW | RTLD_GLOBAL)` — an absolute path, or a bare name for the dynamic
+/// loader's own search; the handle is deliberately never closed, so symbols later resolved
+/// from the library (by cudarc) stay valid for the life of the process. Errors carry
+/// `dlerror()`. Meant for the CUDA libraries, whose initialisers are safe to run at any time.
+pub(crate) fn dlopen_global(name: &Path) -> Result<(), String> {
+    let c = CString::new(name.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: `c` is a valid NUL-terminated string. Loading runs the library's initialisers;
+    // the CUDA libraries' are safe to run at any time, and the handle is leaked on purpose.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if h.is_null() {
+        Err(dlerror_string())
+    } else {
+        Ok(())
+    }
+}
+
+/// Which cudarc library [`culib_present`] asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CudarcLib {
+    Nvrtc,
+    Driver,
+}
+
+/// Whether cudarc can open `lib` by the names it asks for.
+pub(crate) fn culib_present(lib: CudarcLib) -> bool {
+    // SAFETY: the probe only dlopens (and drops) the library by name.
+    unsafe {
+        match lib {
+            CudarcLib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
+            CudarcLib::Driver => cudarc::driver::sys::is_culib_present(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// File locks
+// ---------------------------------------------------------------------------------------------
+
+/// Blocks until `f` holds an exclusive `flock`, retrying on `EINTR`.
+pub(crate) fn flock_exclusive(f: &File) -> std::io::Result<()> {
+    loop {
+        // SAFETY: the borrow keeps `f`'s descriptor open for the duration of the call.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Releases `f`'s `flock` (best effort: closing the descriptor releases it anyway).
+pub(crate) fn flock_unlock(f: &File) {
+    // SAFETY: the borrow keeps `f`'s descriptor open for the duration of the call.
+    unsafe {
+        libc::flock(f.as_raw_fd(), libc::LOCK_UN);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver
+// ---------------------------------------------------------------------------------------------
+
+/// Compute capability `(major, minor)` and total memory of `dev` (0 for a failed query).
+/// `dev` comes from `cuDeviceGet` after a successful `cuInit`; any other value only makes the
+/// driver return an error, which reads as 0.
+pub(crate) fn device_attributes(dev: cu::CUdevice) -> (i32, i32, usize) {
+    // SAFETY: the queries only write locals owned by cudarc's wrappers; an invalid handle is
+    // reported by the driver as an error code.
+    unsafe {
+        (
+            result::device::get_attribute(
+                dev,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            )
+            .unwrap_or(0),
+            result::device::get_attribute(
+                dev,
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )
+            .unwrap_or(0),
+            result::device::total_mem(dev).unwrap_or(0),
+        )
+    }
+}
+
+/// The allocation holding device address `ptr`: `(start, size, device ordinal)`, or the three
+/// `cuPointerGetAttribute` results when any failed. The caller binds a context to the thread
+/// first; the driver only reads `ptr` as a number, so any value is sound to ask about.
+pub(crate) fn pointer_range(ptr: u64) -> Result<(u64, usize, i32), [cu::CUresult; 3]> {
+    let mut start: u64 = 0;
+    let mut size: usize = 0;
+    let mut ordinal: i32 = -1;
+    // SAFETY: each `data` pointer refers to a live local of the type the attribute writes
+    // (CUdeviceptr, size_t, int); the driver only reads `ptr` as a number.
+    let r = unsafe {
+        [
+            cu::cuPointerGetAttribute(
+                &mut start as *mut u64 as *mut c_void,
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                ptr,
+            ),
+            cu::cuPointerGetAttribute(
+                &mut size as *mut usize as *mut c_void,
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                ptr,
+            ),
+            cu::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut c_void,
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            ),
+        ]
+    };
+    if r.iter().any(|r| *r != cu::CUresult::CUDA_SUCCESS) {
+        Err(r)
+    } else {
+        Ok((start, size, ordinal))
+    }
+}
+
+/// Launches the forward pass `launch` describes on the stream it was prepared for.
+///
+/// A [`PreparedLaunch`] can only be built by `Runtime::prepare` in `launch.rs`, after every
+/// check below passed; it borrows the kernel and the stream it was checked against. The caller
+/// (`Runtime::launch_checked`) binds the runtime's context to the thread first and skips empty
+/// launches (a zero grid, which the driver would reject).
+///
+/// # Safety
+///
+/// What `prepare` (the only producer of a `PreparedLaunch`) established:
+/// 1. The function comes from a module loaded into the runtime's context and kept alive by
+///    `kernel.func` (which holds the module, and which the launch borrows), so the handle is
+///    valid; its dynamic shared memory limit was raised to `plan.smem_bytes` at load, and that
+///    is at most the device's opt-in limit.
+/// 2. The single kernel parameter points at a copy of the launch's `args`, an 8-byte aligned
+///    buffer of exactly `plan.params.total_size` bytes — the size the generated source
+///    `static_assert`s for its `Args` struct — holding the `KernelArgsHeader` at offset 0
+///    (layout tested against the Rust struct) and each user param at the plan's offsets. The
+///    driver copies it at launch, so it need only live until `launch_kernel` returns.
+/// 3. Q, K, V and O: the dtype matches the variant's, head dims match, batch and heads agree
+///    and `heads_q % heads_kv == 0`; the last dimension is contiguous, every other stride is a
+///    non-negative multiple of 8 elements and every base address 16-byte aligned (cp.async moves
+///    16-byte rows); the furthest element any index tuple reaches lies inside the caller's slice
+///    *and*, per the driver, inside one allocation on this device; each view was taken from a
+///    slice of this runtime's context. O's strides make distinct elements distinct memory.
+/// 4. The LSE buffer is 4-byte aligned and holds `batch·heads_q·seq_q` floats inside one
+///    allocation on this device.
+/// 5. Each tensor param has the declared element type, is 4-byte aligned and holds at least the
+///    element count its dims resolve to (`Fixed(n)` indices are clamped by the kernel,
+///    `Batch`/`Heads`/`Seq` indices range over the launch's sizes), inside one allocation;
+///    scalars have the declared type.
+/// 6. Sizes fit the kernel's `int`s (seq ≤ i32::MAX, all offsets checked for i64 overflow) and
+///    the grid fits the launch limits.
+/// 7. The borrows of the `TensorRef`/`TensorMut`/`LseMut` the caller passed were taken from
+///    `CudaSlice`s, which live at least as long as the views; all work goes to the runtime's
+///    stream (the one `launch` borrows), the stream the views were taken on by the runtime's
+///    callers, so a later free or copy on that stream is ordered after the kernel.
+pub(crate) fn launch_prepared(launch: &PreparedLaunch<'_>) -> Result<(), DriverError> {
+    let kernel = launch.kernel();
+    let mut args = launch.args().to_vec();
+    let mut params: [*mut c_void; 1] = [args.as_mut_ptr() as *mut c_void];
+    // SAFETY: see `# Safety` above: points 1–7 hold for every `PreparedLaunch`.
+    unsafe {
+        result::launch_kernel(
+            launch.function().cu_function(),
+            launch.grid(),
+            (kernel.plan.threads(), 1, 1),
+            kernel.plan.smem_bytes,
+            launch.stream().cu_stream(),
+            &mut params,
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+// ---------------------------------------------------------------------------------------------
+
+extern "C" fn exit_on_sigpipe(_: libc::c_int) {
+    // SAFETY: `_exit` is async-signal-safe and takes no pointers.
+    unsafe { libc::_exit(0) }
+}
+
+/// Makes a write to a closed pipe (`flash plan … | head`) end the process at once, quietly and
+/// with status 0, instead of Rust's default (SIGPIPE ignored, so `println!` panics on EPIPE).
+/// For the `flash` command (`cli::main`); process-wide. Child processes get the default
+/// disposition back at `exec`.
+pub(crate) fn exit_quietly_on_sigpipe() {
+    // SAFETY: the handler only calls the async-signal-safe `_exit`; `signal` has no other
+    // preconditions.
+    unsafe {
+        libc::signal(
+            libc::SIGPIPE,
+            exit_on_sigpipe as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+}
