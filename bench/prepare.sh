@@ -2,14 +2,14 @@
 # Here-side preparation for bench/gpu_check.sh: builds the release binaries and fills .carry/
 # (git-ignored; name it in the device tool's `carry`) with them and bench/peers.py, which lives
 # outside the repository and does not travel on its own.
-# Usage: bench/prepare.sh [PEERS_PY]   (default /work/shared/bench/peers.py)
+# Usage: bench/prepare.sh [PEERS_PY]   (default ../shared/bench/peers.py, beside the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p flash-runtime --bins
 target=${CARGO_TARGET_DIR:-target}
 mkdir -p .carry
 cp "$target/release/flash-gpucheck" "$target/release/flash" .carry/
-cp "${1:-/work/shared/bench/peers.py}" .carry/peers.py
+cp "${1:-../shared/bench/peers.py}" .carry/peers.py
 # Let the carried copy take its sequence lengths and modes from the environment (PEERS_SEQS=
 # "1024,4096,16384", PEERS_MODES="fwd"), so one device call can time exactly the workloads the
 # issue names next to flash; unset, it behaves as the original.
