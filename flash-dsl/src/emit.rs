@@ -19,6 +19,8 @@ use crate::spec::{BinOp, DType, Dim, Expr, Func, ParamDecl, ParamKind, ScalarTy,
 pub const COMMON_TEMPLATE: &str = include_str!("../../templates/common.cu.hbs");
 /// The mma.sync skeleton (sm_80 and later).
 pub const FORWARD_SM80_TEMPLATE: &str = include_str!("../../templates/forward_sm80.cu.hbs");
+/// The warp-specialised wgmma skeleton with TMA loads (sm_90a).
+pub const FORWARD_SM90WS_TEMPLATE: &str = include_str!("../../templates/forward_sm90ws.cu.hbs");
 /// The wgmma skeleton (sm_90a).
 pub const FORWARD_SM90_TEMPLATE: &str = include_str!("../../templates/forward_sm90.cu.hbs");
 /// The device prelude, handed to NVRTC as the named header `flash_prelude.cuh`.
@@ -92,7 +94,14 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         variant: spec.name.clone(),
         kernel_name: plan.kernel_name.clone(),
         header_cpp: HEADER_CPP,
-        param_fields: spec.params.iter().map(param_field).collect(),
+        param_fields: spec
+            .params
+            .iter()
+            .map(param_field)
+            .chain(plan.params.tma_offset.map(|_| {
+                "FlashTmaDesc tma[3];  // Q, K, V tensor maps, encoded by the runtime per launch".to_string()
+            }))
+            .collect(),
         args_size: plan.params.total_size,
         dtype: spec.dtype.name(),
         mma_type,
@@ -111,7 +120,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         classify_body,
         hull_body,
         wgmma_decls: match cfg.family {
-            KernelFamily::Sm90 => {
+            KernelFamily::Sm90 | KernelFamily::Sm90Ws => {
                 let dv_mma = spec.head_dim_v.div_ceil(16) * 16;
                 format!(
                     "{}\n{}",
@@ -130,6 +139,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
     let skeleton = match cfg.family {
         KernelFamily::Sm80 => FORWARD_SM80_TEMPLATE,
         KernelFamily::Sm90 => FORWARD_SM90_TEMPLATE,
+        KernelFamily::Sm90Ws => FORWARD_SM90WS_TEMPLATE,
     };
     let source = hb
         .render_template(skeleton, &ctx)

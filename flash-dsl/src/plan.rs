@@ -37,13 +37,18 @@ pub enum KernelFamily {
     Sm80,
     /// `wgmma` with operands in shared memory, each warpgroup owning 64 query rows: sm_90a only.
     Sm90,
+    /// sm90 with warp specialisation: one producer warpgroup loads Q, K and V with the tensor
+    /// memory accelerator (TMA) and publishes them through mbarriers; the consumer warpgroups
+    /// (64 query rows each) never wait on a block-wide barrier. `warps` counts the producer:
+    /// `block_m / 16 + 4`. The argument struct carries three TMA descriptors.
+    Sm90Ws,
 }
 
 impl KernelFamily {
     /// The fastest family a GPU of this architecture (`sm_80`, `sm_90a`, …) can run.
     pub fn for_arch(arch: &str) -> KernelFamily {
         if arch == "sm_90a" {
-            KernelFamily::Sm90
+            KernelFamily::Sm90Ws
         } else {
             KernelFamily::Sm80
         }
@@ -53,7 +58,7 @@ impl KernelFamily {
     pub fn runs_on(self, arch: &str) -> bool {
         match self {
             KernelFamily::Sm80 => true,
-            KernelFamily::Sm90 => arch == "sm_90a",
+            KernelFamily::Sm90 | KernelFamily::Sm90Ws => arch == "sm_90a",
         }
     }
 }
@@ -152,7 +157,14 @@ pub struct ParamLayout {
     pub slots: Vec<ParamSlot>,
     /// `sizeof` of the whole argument struct (asserted in the generated CUDA).
     pub total_size: u32,
+    /// Byte offset of the three 128-byte TMA descriptors (Q, K, V) that the runtime encodes
+    /// per launch, for kernel families that load with TMA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tma_offset: Option<u32>,
 }
+
+/// Size of one TMA descriptor (`CUtensorMap`), which must be 128-byte aligned.
+pub const TMA_DESC_BYTES: u32 = 128;
 
 /// Everything the emitter needs for one kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -218,6 +230,9 @@ pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 
 /// The default tile configuration for a spec and kernel family, by its larger head dim.
 ///
+/// sm90ws (the default on sm_90a, measured on an H200): two consumer warpgroups of 64 rows and
+/// the TMA producer; 128 keys per step at head dim 128, 64 at head dim 64.
+///
 /// sm90 (measured on an H200 against the other sm90 tiles, see `bench/results/`): 128 query rows
 /// in two warpgroups; at head dim 128, 128 keys per step, double-buffered (fewer steps; the
 /// wgmma n extent amortises the softmax); at head dim 64, 64 keys single-buffered, which ran
@@ -225,6 +240,21 @@ pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
     match family {
         KernelFamily::Sm80 => default_config(spec),
+        KernelFamily::Sm90Ws => {
+            let d = spec.head_dim_qk.max(spec.head_dim_v);
+            if d > 128 {
+                // Above head dim 128 the output accumulator leaves the consumers too few of
+                // their 224 registers: the plain sm90 kernel takes over.
+                return default_config_for(spec, KernelFamily::Sm90);
+            }
+            TileConfig {
+                block_m: 128,
+                block_n: if d <= 64 { 64 } else { 128 },
+                warps: 12,
+                stages: 2,
+                family,
+            }
+        }
         KernelFamily::Sm90 => {
             let d = spec.head_dim_qk.max(spec.head_dim_v);
             let (block_n, stages) = match d {
@@ -280,6 +310,21 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
         if value == 0 || value % 8 != 0 || value > 256 {
             return Err(PlanError::HeadDim { which, value });
         }
+    }
+    if cfg.family == KernelFamily::Sm90Ws {
+        if !matches!(cfg.block_m, 64 | 128) || cfg.warps != cfg.block_m / 16 + 4 {
+            return Err(PlanError::Warpgroups {
+                block_m: cfg.block_m,
+                warps: cfg.warps,
+            });
+        }
+        if !matches!(cfg.block_n, 64 | 128) || cfg.stages != 2 {
+            return Err(PlanError::Sm90Tile {
+                block_n: cfg.block_n,
+                stages: cfg.stages,
+            });
+        }
+        return check_smem(spec, cfg);
     }
     if cfg.family == KernelFamily::Sm90 {
         if !matches!(cfg.block_m, 64 | 128 | 192) || cfg.warps * 16 != cfg.block_m {
@@ -338,7 +383,7 @@ pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
     let align = match cfg.family {
         KernelFamily::Sm80 => 0,
-        KernelFamily::Sm90 => 1024,
+        KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
     };
     align + 2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
 }
@@ -365,7 +410,19 @@ pub fn param_layout(spec: &VariantSpec) -> ParamLayout {
     ParamLayout {
         slots,
         total_size: offset.next_multiple_of(8),
+        tma_offset: None,
     }
+}
+
+/// The layout of [`param_layout`] followed by the three TMA descriptors of a TMA family.
+fn param_layout_for(spec: &VariantSpec, family: KernelFamily) -> ParamLayout {
+    let mut l = param_layout(spec);
+    if family == KernelFamily::Sm90Ws {
+        let at = l.total_size.next_multiple_of(TMA_DESC_BYTES);
+        l.tma_offset = Some(at);
+        l.total_size = at + 3 * TMA_DESC_BYTES;
+    }
+    l
 }
 
 /// `flash_fwd_<name>_<dtype>_d<dqk>x<dv>_m<bm>n<bn>w<w>s<st>`, restricted to `[a-z0-9_]`.
@@ -383,6 +440,7 @@ pub fn kernel_name(spec: &VariantSpec, cfg: &TileConfig) -> String {
         match cfg.family {
             KernelFamily::Sm80 => "",
             KernelFamily::Sm90 => "_sm90",
+            KernelFamily::Sm90Ws => "_sm90ws",
         }
     );
     raw.chars()
@@ -405,7 +463,7 @@ pub fn plan(spec: &VariantSpec, config: Option<TileConfig>) -> Result<KernelPlan
         config,
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         smem_bytes: smem_bytes(spec, &config),
-        params: param_layout(spec),
+        params: param_layout_for(spec, config.family),
         kernel_name: kernel_name(spec, &config),
     })
 }
@@ -1214,9 +1272,41 @@ mod tests {
         // Q 128×128, two stages of K (128×128) and V (128×64), plus the alignment slack.
         assert_eq!(p.smem_bytes, 1024 + 2 * (128 * 128 + 2 * 128 * (128 + 64)));
         assert!(p.kernel_name.ends_with("_sm90"));
-        assert_eq!(KernelFamily::for_arch("sm_90a"), KernelFamily::Sm90);
+        assert_eq!(KernelFamily::for_arch("sm_90a"), KernelFamily::Sm90Ws);
         assert_eq!(KernelFamily::for_arch("sm_90"), KernelFamily::Sm80);
         assert!(!KernelFamily::Sm90.runs_on("sm_80"));
+        assert!(!KernelFamily::Sm90Ws.runs_on("sm_90"));
+    }
+
+    #[test]
+    fn warp_specialised_plans_carry_tma_descriptors() {
+        let s = spec(vec![], None);
+        let ws = |block_m, block_n, warps| TileConfig {
+            family: KernelFamily::Sm90Ws,
+            ..cfg(block_m, block_n, warps, 2)
+        };
+        // warps count the producer warpgroup: block_m / 16 + 4.
+        assert_eq!(
+            plan(&s, Some(ws(128, 128, 8))).unwrap_err(),
+            PlanError::Warpgroups {
+                block_m: 128,
+                warps: 8
+            }
+        );
+        let p = plan(&s, Some(ws(128, 128, 12))).unwrap();
+        // 168-byte header, no params: the descriptors start at the next 128-byte boundary.
+        assert_eq!(p.params.tma_offset, Some(256));
+        assert_eq!(p.params.total_size, 256 + 3 * TMA_DESC_BYTES);
+        assert_eq!(p.threads(), 384);
+        assert!(p.kernel_name.ends_with("_sm90ws"));
+        // Other families have no descriptors; above head dim 128 the default leaves sm90ws.
+        assert_eq!(plan(&s, None).unwrap().params.tma_offset, None);
+        let mut wide = s.clone();
+        (wide.head_dim_qk, wide.head_dim_v) = (256, 256);
+        assert_eq!(
+            default_config_for(&wide, KernelFamily::Sm90Ws).family,
+            KernelFamily::Sm90
+        );
     }
 
     #[test]

@@ -88,6 +88,7 @@ pub struct VariantArgs {
 pub enum FamilyArg {
     Sm80,
     Sm90,
+    Sm90ws,
 }
 
 impl From<FamilyArg> for KernelFamily {
@@ -95,6 +96,7 @@ impl From<FamilyArg> for KernelFamily {
         match f {
             FamilyArg::Sm80 => KernelFamily::Sm80,
             FamilyArg::Sm90 => KernelFamily::Sm90,
+            FamilyArg::Sm90ws => KernelFamily::Sm90Ws,
         }
     }
 }

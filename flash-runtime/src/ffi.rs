@@ -40,6 +40,61 @@ use cudarc::nvrtc::sys as nv;
 use crate::launch::PreparedLaunch;
 
 // ---------------------------------------------------------------------------------------------
+// TMA descriptors
+// ---------------------------------------------------------------------------------------------
+
+/// Encodes a TMA descriptor for a 4-D tensor of 16-bit elements: `dims` innermost first
+/// (head dim, seq, heads, batch), `strides` in bytes of dims 1..3, a box of 64 columns × `rows`
+/// × 1 × 1, 128-byte swizzle, zero fill out of range. Returns the 128 opaque bytes the kernel
+/// reads from its argument struct, or the driver's error. The driver only reads the arrays and
+/// writes the descriptor; no device memory is touched until a kernel uses it.
+pub(crate) fn encode_tma_4d(
+    ptr: u64,
+    bf16: bool,
+    dims: [u64; 4],
+    strides: [u64; 3],
+    rows: u32,
+) -> Result<[u8; 128], cu::CUresult> {
+    let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::zeroed();
+    let box_dim: [u32; 4] = [64, rows, 1, 1];
+    let elem_strides: [u32; 4] = [1, 1, 1, 1];
+    let dtype = if bf16 {
+        cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    } else {
+        cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    };
+    // SAFETY: `map` is writable storage of the descriptor's type; the four arrays have the
+    // lengths a rank-4 encode reads (dims 4, strides 3, box 4, element strides 4) and outlive
+    // the call; the driver is loaded (callers hold a `Runtime`).
+    let r = unsafe {
+        cu::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            4,
+            ptr as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            box_dim.as_ptr(),
+            elem_strides.as_ptr(),
+            cu::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            cu::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            cu::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != cu::CUresult::CUDA_SUCCESS {
+        return Err(r);
+    }
+    // SAFETY: the encode succeeded, so every byte of the descriptor is initialised.
+    let map = unsafe { map.assume_init() };
+    let mut out = [0u8; 128];
+    for (chunk, word) in out.chunks_mut(8).zip(map.opaque.iter()) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
 // NVRTC
 // ---------------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use flash_dsl::args::KernelArgsHeader;
 use flash_dsl::eval::{tensor_shape, Sizes};
+use flash_dsl::plan::KernelFamily;
 use flash_dsl::spec::{DType, ParamKind, ScalarTy};
 use flash_dsl::{KernelPlan, TileConfig, VariantSpec};
 
@@ -402,7 +403,12 @@ impl Runtime {
     ) -> Result<KernelPlan, FlashError> {
         // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
         // configuration must name a family the device can run.
-        let family = flash_dsl::plan::KernelFamily::for_arch(&self.info.arch);
+        let family = match std::env::var("FLASH_FAMILY").as_deref() {
+            Ok("sm80") => KernelFamily::Sm80,
+            Ok("sm90") => KernelFamily::Sm90,
+            Ok("sm90ws") => KernelFamily::Sm90Ws,
+            _ => KernelFamily::for_arch(&self.info.arch),
+        };
         let config = match config {
             Some(c) if !c.family.runs_on(&self.info.arch) => {
                 return Err(invalid(format!(
@@ -411,7 +417,15 @@ impl Runtime {
             )))
             }
             Some(c) => c,
-            None => flash_dsl::plan::default_config_for(spec, family),
+            None if family.runs_on(&self.info.arch) => {
+                flash_dsl::plan::default_config_for(spec, family)
+            }
+            None => {
+                return Err(invalid(format!(
+                    "FLASH_FAMILY asks for the {family:?} kernel family, which {} ({}) cannot run",
+                    self.info.name, self.info.arch
+                )))
+            }
         };
         flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
             variant: spec.name.clone(),
@@ -737,6 +751,40 @@ impl Runtime {
         write_header(&mut bytes, &header);
         for (name, ptr, len) in pack_params(plan, shape, params, &mut bytes)? {
             self.check_allocation(&name, ptr, len)?;
+        }
+        // A tensor with an empty dimension has no TMA descriptor (the driver rejects size 0);
+        // the kernel then has no tile to load and never reads one.
+        let empty_tensor = [&q.desc, &k.desc, &v.desc]
+            .iter()
+            .any(|t| t.shape.contains(&0));
+        if let (Some(at), false) = (plan.params.tma_offset, empty_tensor) {
+            // TMA families read Q, K and V through descriptors of the checked views: boxes of
+            // 64 columns × the tile's rows (BM for Q, BN for K and V).
+            let bf16 = spec.dtype == DType::Bf16;
+            let rows = [
+                plan.config.block_m,
+                plan.config.block_n,
+                plan.config.block_n,
+            ];
+            for (i, (t, rows)) in [&q.desc, &k.desc, &v.desc]
+                .into_iter()
+                .zip(rows)
+                .enumerate()
+            {
+                let [b_, s_, h_, d_] = t.shape.map(|x| x as u64);
+                let st = t.strides.map(|x| x as u64 * 2);
+                let map = crate::ffi::encode_tma_4d(t.ptr, bf16, [d_, s_, h_, b_], [st[1], st[2], st[0]], rows)
+                    .map_err(|r| {
+                        invalid(format!(
+                            "encoding the TMA descriptor of {} (shape {:?}, strides {:?}) failed: {r:?}",
+                            ["Q", "K", "V"][i],
+                            t.shape,
+                            t.strides
+                        ))
+                    })?;
+                let o = at as usize + i * 128;
+                bytes[o..o + 128].copy_from_slice(&map);
+            }
         }
 
         let grid_x = plan.query_tiles(seq_q);

@@ -285,12 +285,12 @@ fn unique() -> u64 {
 /// `only` restricts the families.
 pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
     let mut v = Vec::new();
-    for family in [KernelFamily::Sm80, KernelFamily::Sm90] {
+    for family in [KernelFamily::Sm80, KernelFamily::Sm90, KernelFamily::Sm90Ws] {
         if !family.runs_on(arch) || only.is_some_and(|f| f != family) {
             continue;
         }
         for block_m in [64, 128, 192, 256] {
-            for warps in [4, 8, 12, 16] {
+            for warps in [4, 8, 12, 16, 20] {
                 for block_n in [32, 64, 128] {
                     for stages in 1..=3 {
                         v.push(TileConfig {
@@ -308,7 +308,7 @@ pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
     v
 }
 
-/// `BMxBNxWxS` plus `/sm90` for the wgmma family.
+/// `BMxBNxWxS` plus the kernel family.
 pub fn config_label(c: &TileConfig) -> String {
     format!(
         "{}x{}x{}x{}{}",
@@ -319,6 +319,7 @@ pub fn config_label(c: &TileConfig) -> String {
         match c.family {
             KernelFamily::Sm80 => "/sm80",
             KernelFamily::Sm90 => "/sm90",
+            KernelFamily::Sm90Ws => "/sm90ws",
         }
     )
 }

@@ -1,5 +1,6 @@
-//! Snapshots of the CUDA source emitted for every example variant, for both kernel families
-//! (`sm80`: mma.sync; `sm90`: wgmma), with each family's default tile configuration. A change to
+//! Snapshots of the CUDA source emitted for every example variant, for every kernel family
+//! (`sm80`: mma.sync; `sm90`: wgmma; `sm90ws`: wgmma with a TMA producer warpgroup), with each
+//! family's default tile configuration. A change to
 //! a template or to the expression translation shows up as a reviewable diff of real kernels.
 //!
 //! To accept changes: `INSTA_UPDATE=always cargo test -p flash-tests --test cuda_snapshots`,
@@ -32,7 +33,11 @@ fn examples() -> Vec<(String, flash_dsl::VariantSpec)> {
 #[test]
 fn example_kernels() {
     for (stem, spec) in examples() {
-        for (family, tag) in [(KernelFamily::Sm80, "sm80"), (KernelFamily::Sm90, "sm90")] {
+        for (family, tag) in [
+            (KernelFamily::Sm80, "sm80"),
+            (KernelFamily::Sm90, "sm90"),
+            (KernelFamily::Sm90Ws, "sm90ws"),
+        ] {
             let p = plan(&spec, Some(default_config_for(&spec, family))).unwrap();
             let src = flash_dsl::emit(&p);
             assert_eq!(src.kernel_name, p.kernel_name);

@@ -856,10 +856,11 @@ fn main() -> ExitCode {
     };
     let mut failed = false;
     if do_check {
-        let families: Vec<KernelFamily> = [KernelFamily::Sm90, KernelFamily::Sm80]
-            .into_iter()
-            .filter(|f| f.runs_on(&info.arch))
-            .collect();
+        let families: Vec<KernelFamily> =
+            [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
+                .into_iter()
+                .filter(|f| f.runs_on(&info.arch))
+                .collect();
         let (n, fails) = check(&rt, &specs, small, &families);
         println!("# correctness: {} passed, {fails} failed of {n}", n - fails);
         failed |= fails > 0;
