@@ -28,7 +28,7 @@ gen_dir="${FLASH_GEN_DIR:-$target/flash-gen}"
 for f in examples/variants/*.flash; do
     echo
     echo "==> $f"
-    for family in sm80 sm90; do
+    for family in sm80 sm90 sm90ws; do
         "$flash" gen "$f" --family "$family" --out "$gen_dir" >/dev/null || status=1
     done
     "$flash" compile "$f" --arch sm_80,sm_90a || status=1
