@@ -133,7 +133,7 @@ pub fn cli_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     }
 
     let rt = Runtime::new(a.gpu)?;
-    let family = flash_dsl::plan::KernelFamily::for_arch(&rt.info().arch);
+    let family = rt.info().default_family;
     let plan = a.variant.plan(&spec, family)?;
     let kernel = rt.load(&spec, Some(plan.config))?;
     let stream = rt.stream().clone();

@@ -289,6 +289,31 @@ pub struct DeviceInfo {
     pub sm_count: u32,
     /// Dynamic shared memory a block may opt into (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`).
     pub max_smem_optin: u32,
+    /// The kernel family plans default to: the fastest this GPU runs, or `FLASH_FAMILY`.
+    pub default_family: KernelFamily,
+}
+
+/// The default kernel family for a GPU of `arch`: `FLASH_FAMILY` (`sm80`, `sm90`, `sm90ws`)
+/// when set, else the fastest family the architecture runs. An unknown name, or a family the
+/// GPU cannot run, is an error naming the value.
+pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, FlashError> {
+    let family = match env {
+        None => return Ok(KernelFamily::for_arch(arch)),
+        Some("sm80") => KernelFamily::Sm80,
+        Some("sm90") => KernelFamily::Sm90,
+        Some("sm90ws") => KernelFamily::Sm90Ws,
+        Some(other) => {
+            return Err(invalid(format!(
+                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
+            )))
+        }
+    };
+    if !family.runs_on(arch) {
+        return Err(invalid(format!(
+            "FLASH_FAMILY asks for the {family:?} kernel family, which {arch} cannot run"
+        )));
+    }
+    Ok(family)
 }
 
 /// A kernel loaded into a [`Runtime`]'s context, ready to launch.
@@ -360,9 +385,13 @@ impl Runtime {
             compute_capability: (major, minor),
             total_mem_bytes: 0,
         };
+        let arch = gpu.arch();
+        let env = std::env::var("FLASH_FAMILY").ok();
+        let default_family = default_family(&arch, env.as_deref())?;
         let info = DeviceInfo {
             ordinal,
-            arch: gpu.arch(),
+            default_family,
+            arch,
             name: gpu.name,
             compute_capability: (major, minor),
             sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
@@ -403,12 +432,7 @@ impl Runtime {
     ) -> Result<KernelPlan, FlashError> {
         // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
         // configuration must name a family the device can run.
-        let family = match std::env::var("FLASH_FAMILY").as_deref() {
-            Ok("sm80") => KernelFamily::Sm80,
-            Ok("sm90") => KernelFamily::Sm90,
-            Ok("sm90ws") => KernelFamily::Sm90Ws,
-            _ => KernelFamily::for_arch(&self.info.arch),
-        };
+        let family = self.info.default_family;
         let config = match config {
             Some(c) if !c.family.runs_on(&self.info.arch) => {
                 return Err(invalid(format!(
@@ -417,15 +441,7 @@ impl Runtime {
             )))
             }
             Some(c) => c,
-            None if family.runs_on(&self.info.arch) => {
-                flash_dsl::plan::default_config_for(spec, family)
-            }
-            None => {
-                return Err(invalid(format!(
-                    "FLASH_FAMILY asks for the {family:?} kernel family, which {} ({}) cannot run",
-                    self.info.name, self.info.arch
-                )))
-            }
+            None => flash_dsl::plan::default_config_for(spec, family),
         };
         flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
             variant: spec.name.clone(),
@@ -1133,6 +1149,30 @@ mod tests {
             elem: ElemType::Bf16,
             ctx: 0,
         }
+    }
+
+    #[test]
+    fn default_family_by_arch_and_flash_family() {
+        assert_eq!(
+            default_family("sm_90a", None).unwrap(),
+            KernelFamily::Sm90Ws
+        );
+        assert_eq!(default_family("sm_80", None).unwrap(), KernelFamily::Sm80);
+        assert_eq!(
+            default_family("sm_90a", Some("sm90")).unwrap(),
+            KernelFamily::Sm90
+        );
+        let e = default_family("sm_90a", Some("hopper"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sm80, sm90 or sm90ws") && e.contains("hopper"),
+            "{e}"
+        );
+        let e = default_family("sm_80", Some("sm90ws"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Sm90Ws") && e.contains("sm_80"), "{e}");
     }
 
     #[test]

@@ -1139,7 +1139,7 @@ impl Timer for GpuTimer<'_> {
 
     fn check(&mut self, cfg: &TileConfig) -> Result<(), String> {
         if self.reference.is_none() {
-            let family = KernelFamily::for_arch(&self.rt.info().arch);
+            let family = self.rt.info().default_family;
             let d = default_config_for(&self.spec, family);
             let r = self
                 .output(&d)
