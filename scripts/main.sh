@@ -34,7 +34,7 @@ for f in examples/variants/*.flash; do
     "$flash" compile "$f" --arch sm_80,sm_90a || status=1
 done
 echo
-echo "generated CUDA (sm80 and sm90 families, with their headers): $gen_dir"
+echo "generated CUDA (sm80, sm90 and sm90ws families, with their headers): $gen_dir"
 
 if [[ "$info" == *"no GPU found"* ]]; then
     echo
