@@ -30,6 +30,8 @@ use std::time::Instant;
 use cudarc::driver::CudaSlice;
 use flash_dsl::eval::{tensor_shape, Env, ParamValue, ParamValues, Point, Sizes};
 use flash_dsl::plan::{config_is_valid, default_config_for, KernelFamily};
+/// The deterministic generator the tuner draws inputs and params from.
+pub use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::spec::{DType, Dim, ParamKind, ScalarTy};
 use flash_dsl::{TileConfig, VariantSpec};
 use serde::{Deserialize, Serialize};
@@ -679,9 +681,6 @@ impl Compiler for CacheCompiler<'_> {
 // ---------------------------------------------------------------------------------------------
 // Inputs
 // ---------------------------------------------------------------------------------------------
-
-/// The deterministic generator the tuner draws inputs and params from.
-pub use flash_dsl::rng::SplitMix as Rng;
 
 /// Plausible values for every param the user did not give: document ids sorted in `[0, 8)` for
 /// an i32 `[seq]` tensor, ALiBi slopes `2^(-8(h+1)/H)` for an f32 `[heads]` tensor, random
