@@ -95,7 +95,7 @@ fn main() {
                 "  {family:?}: kernel {} — {} threads, {} bytes of dynamic shared memory, {} lines of CUDA, {} header file(s)",
                 plan.kernel_name,
                 plan.threads(),
-                plan.smem_bytes,
+                plan.smem_bytes(),
                 src.source.lines().count(),
                 src.headers.len(),
             );

@@ -7,17 +7,18 @@
 //! ```
 //!
 //! The same parser serves the `attention!` proc macro (compile time) and `.flash` files read by
-//! the CLI (run time). `reference` and `emulate` are CPU models of the computation used by tests.
+//! the CLI (run time). [`model`] holds the CPU models of the computation (float64 reference,
+//! tile emulation) that tests and the GPU check compare kernels against.
 
-pub mod args;
 pub mod ast;
+pub mod deriv;
 pub mod diag;
 pub mod emit;
-pub mod emulate;
 pub mod eval;
+pub mod files;
+pub mod model;
 pub mod parse;
 pub mod plan;
-pub mod reference;
 pub mod rng;
 pub mod spec;
 pub mod validate;
@@ -29,4 +30,4 @@ pub use spec::{DType, VariantSpec};
 
 /// Version of the generator, part of every compile-cache key: bump it whenever the emitted
 /// source for an unchanged plan may change meaning.
-pub const GENERATOR_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+gen1");
+pub const GENERATOR_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+gen2");

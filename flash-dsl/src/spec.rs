@@ -29,6 +29,26 @@ impl DType {
     pub fn size(self) -> usize {
         2
     }
+    /// `x` rounded to the nearest value of this type (ties to even), as the raw bits a device
+    /// buffer holds.
+    pub fn to_bits(self, x: f64) -> u16 {
+        // `half`'s f64 conversions drop the low 32 mantissa bits before rounding, so a value
+        // that is exact in f32 takes the f32 path, which rounds on all of its bits.
+        let narrow = x as f32;
+        match (self, narrow as f64 == x) {
+            (DType::Bf16, true) => half::bf16::from_f32(narrow).to_bits(),
+            (DType::Bf16, false) => half::bf16::from_f64(x).to_bits(),
+            (DType::F16, true) => half::f16::from_f32(narrow).to_bits(),
+            (DType::F16, false) => half::f16::from_f64(x).to_bits(),
+        }
+    }
+    /// The value raw bits of this type hold (exact).
+    pub fn from_bits(self, bits: u16) -> f64 {
+        match self {
+            DType::Bf16 => half::bf16::from_bits(bits).to_f64(),
+            DType::F16 => half::f16::from_bits(bits).to_f64(),
+        }
+    }
 }
 
 /// Element type of a user parameter (scalar or tensor element).

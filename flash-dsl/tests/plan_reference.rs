@@ -6,13 +6,13 @@
 #[path = "common/specs.rs"]
 mod specs;
 
-use flash_dsl::emulate;
 use flash_dsl::eval::{tensor_shape, Env, ParamValue, ParamValues, Point, Sizes};
+use flash_dsl::model::emulate;
+use flash_dsl::model::reference::{self, max_abs_diff, Problem};
 use flash_dsl::plan::{
     classify, key_tile_classes, plan, KernelFamily, KernelPlan, MaskTree, TileClass, TileConfig,
     TileEnv,
 };
-use flash_dsl::reference::{self, max_abs_diff, Problem};
 use flash_dsl::spec::{BinOp, Dim, Expr, Func, ParamKind, ScalarTy, UnOp, Var, VariantSpec};
 use proptest::prelude::*;
 use specs::{bin, int, k, q, var};
@@ -793,7 +793,7 @@ fn parsed_examples_plan_like_the_hand_built_specs() {
         let (pg, pw) = (plan(got, None).unwrap(), plan(want, None).unwrap());
         assert_eq!(pg.config, pw.config, "{stem}");
         assert_eq!(pg.kernel_name, pw.kernel_name, "{stem}");
-        assert_eq!(pg.params, pw.params, "{stem}");
+        assert_eq!(pg.args, pw.args, "{stem}");
         let (mg, mw) = (pg.mask.as_ref(), pw.mask.as_ref());
         assert_eq!(
             mg.map(|m| (&m.atoms, &m.tree)),

@@ -4,7 +4,7 @@
 //! this module is exempt, so the compiler keeps foreign calls from spreading. Each wrapper is a
 //! *safe* function whose `SAFETY` comment says why the call is sound; where soundness rests on
 //! something the types cannot carry (the kernel launch), the wrapper takes a value only the
-//! checking code can build ([`PreparedLaunch`], produced by `launch.rs`'s checks) and the
+//! checking code can build ([`PreparedLaunch`], produced by the checks of `launch/`) and the
 //! numbered `# Safety` comment says what those checks established.
 //!
 //! What the wrappers guarantee, and what their callers must still do:
@@ -37,20 +37,20 @@ use cudarc::driver::sys::{self as cu, CUdevice_attribute, CUpointer_attribute};
 use cudarc::driver::{result, DriverError};
 use cudarc::nvrtc::sys as nv;
 
-use crate::launch::PreparedLaunch;
+use crate::prepared::PreparedLaunch;
 
 // ---------------------------------------------------------------------------------------------
 // TMA descriptors
 // ---------------------------------------------------------------------------------------------
 
-/// Encodes a TMA descriptor for a 4-D tensor of 16-bit elements: `dims` innermost first
+/// Encodes a TMA descriptor for a 4-D tensor of `dtype` elements: `dims` innermost first
 /// (head dim, seq, heads, batch), `strides` in bytes of dims 1..3, a box of 64 columns × `rows`
 /// × 1 × 1, 128-byte swizzle, zero fill out of range. Returns the 128 opaque bytes the kernel
 /// reads from its argument struct, or the driver's error. The driver only reads the arrays and
 /// writes the descriptor; no device memory is touched until a kernel uses it.
 pub(crate) fn encode_tma_4d(
     ptr: u64,
-    bf16: bool,
+    dtype: flash_dsl::DType,
     dims: [u64; 4],
     strides: [u64; 3],
     rows: u32,
@@ -58,10 +58,9 @@ pub(crate) fn encode_tma_4d(
     let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::zeroed();
     let box_dim: [u32; 4] = [64, rows, 1, 1];
     let elem_strides: [u32; 4] = [1, 1, 1, 1];
-    let dtype = if bf16 {
-        cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-    } else {
-        cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    let dtype = match dtype {
+        flash_dsl::DType::Bf16 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        flash_dsl::DType::F16 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
     };
     // SAFETY: `map` is writable storage of the descriptor's type; the four arrays have the
     // lengths a rank-4 encode reads (dims 4, strides 3, box 4, element strides 4) and outlive
@@ -362,10 +361,10 @@ pub(crate) fn pointer_range(ptr: u64) -> Result<(u64, usize, i32), [cu::CUresult
     }
 }
 
-/// Launches the forward pass `launch` describes on the stream it was prepared for.
+/// Launches the kernel `launch` describes on the stream it was prepared for.
 ///
-/// A [`PreparedLaunch`] can only be built by `Runtime::prepare` in `launch.rs`, after every
-/// check below passed; it borrows the kernel and the stream it was checked against. The caller
+/// A [`PreparedLaunch`] is only built by `launch::prepare` (launch/mod.rs), after every check
+/// below passed; it borrows the function and the stream it was checked against. The caller
 /// (`Runtime::launch_checked`) binds the runtime's context to the thread first and skips empty
 /// launches (a zero grid, which the driver would reject).
 ///
@@ -373,22 +372,24 @@ pub(crate) fn pointer_range(ptr: u64) -> Result<(u64, usize, i32), [cu::CUresult
 ///
 /// What `prepare` (the only producer of a `PreparedLaunch`) established:
 /// 1. The function comes from a module loaded into the runtime's context and kept alive by
-///    `kernel.func` (which holds the module, and which the launch borrows), so the handle is
-///    valid; its dynamic shared memory limit was raised to `plan.smem_bytes` at load, and that
-///    is at most the device's opt-in limit.
+///    the `LoadedKernel` (which holds the module, and which the launch borrows), so the handle
+///    is valid; its dynamic shared memory limit was raised to the plan's `smem_bytes` at load,
+///    and that is at most the device's opt-in limit.
 /// 2. The single kernel parameter points at a copy of the launch's `args`, an 8-byte aligned
-///    buffer of exactly `plan.params.total_size` bytes — the size the generated source
-///    `static_assert`s for its `Args` struct — holding the `KernelArgsHeader` at offset 0
-///    (layout tested against the Rust struct) and each user param at the plan's offsets. The
-///    driver copies it at launch, so it need only live until `launch_kernel` returns.
-/// 3. Q, K, V and O: the dtype matches the variant's, head dims match, batch and heads agree
-///    and `heads_q % heads_kv == 0`; the last dimension is contiguous, every other stride is a
-///    non-negative multiple of 8 elements and every base address 16-byte aligned (cp.async moves
-///    16-byte rows); the furthest element any index tuple reaches lies inside the caller's slice
-///    *and*, per the driver, inside one allocation on this device; each view was taken from a
-///    slice of this runtime's context. O's strides make distinct elements distinct memory.
-/// 4. The LSE buffer is 4-byte aligned and holds `batch·heads_q·seq_q` floats inside one
-///    allocation on this device.
+///    buffer of exactly the plan's `args.total_size` bytes — the size the generated source
+///    `static_assert`s for its `Args` struct, whose fields are emitted from the same
+///    `ArgLayout` — holding every field at the layout's offset. The driver copies it at
+///    launch, so it need only live until `launch_kernel` returns.
+/// 3. Every operand of the plan is bound: its element type is the operand's, every named
+///    extent (batch, seq, heads, head dims) agrees across operands and with the spec, and
+///    `heads_q % heads_kv == 0`; strided operands have a contiguous last dimension, every other
+///    stride a non-negative multiple of 16 bytes and a 16-byte aligned base address (rows move
+///    as 16-byte vectors); contiguous operands are aligned to their element and long enough;
+///    the furthest element any index tuple reaches lies inside the caller's slice *and*, per
+///    the driver, inside one allocation on this device; each view was taken from a slice of
+///    this runtime's context. Outputs' strides make distinct elements distinct memory.
+/// 4. TMA descriptors are encoded by the driver from those same checked views (never for an
+///    operand with an empty dimension, which the kernel then never loads).
 /// 5. Each tensor param has the declared element type, is 4-byte aligned and holds at least the
 ///    element count its dims resolve to (`Fixed(n)` indices are clamped by the kernel,
 ///    `Batch`/`Heads`/`Seq` indices range over the launch's sizes), inside one allocation;
@@ -400,7 +401,6 @@ pub(crate) fn pointer_range(ptr: u64) -> Result<(u64, usize, i32), [cu::CUresult
 ///    stream (the one `launch` borrows), the stream the views were taken on by the runtime's
 ///    callers, so a later free or copy on that stream is ordered after the kernel.
 pub(crate) fn launch_prepared(launch: &PreparedLaunch<'_>) -> Result<(), DriverError> {
-    let kernel = launch.kernel();
     let mut args = launch.args().to_vec();
     let mut params: [*mut c_void; 1] = [args.as_mut_ptr() as *mut c_void];
     // SAFETY: see `# Safety` above: points 1–7 hold for every `PreparedLaunch`.
@@ -408,8 +408,8 @@ pub(crate) fn launch_prepared(launch: &PreparedLaunch<'_>) -> Result<(), DriverE
         result::launch_kernel(
             launch.function().cu_function(),
             launch.grid(),
-            (kernel.plan.threads(), 1, 1),
-            kernel.plan.smem_bytes,
+            (launch.threads(), 1, 1),
+            launch.smem_bytes(),
             launch.stream().cu_stream(),
             &mut params,
         )

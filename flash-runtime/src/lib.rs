@@ -1,14 +1,18 @@
 //! flash-runtime: compile generated kernels with NVRTC, cache them, launch them through cudarc.
 //!
+//! The pipeline: [`build`] (plan → emit → compile through the [`cache`] → load), [`launch`]
+//! (the [`Runtime`]: checks and packs a launch from the plan's operand list), [`tune`]
+//! (autotuning), [`cli`] (the `flash` command).
+//!
 //! `unsafe` lives in one module, `ffi` (private, `src/ffi.rs`): the crate denies `unsafe_code`
-//! everywhere else.
+//! everywhere else. Module dependencies form a DAG: `ffi` sees only `prepared` (the checked
+//! launch), never `launch` itself.
 
 #![deny(unsafe_code)]
 
+pub mod build;
 pub mod cache;
 pub mod cli;
-pub mod cli_run;
-pub mod cli_tune;
 pub mod compile;
 pub mod error;
 #[allow(unsafe_code)]
@@ -16,12 +20,14 @@ mod ffi;
 pub mod launch;
 pub mod libs;
 pub mod npy;
+mod prepared;
 pub mod tune;
 pub mod variant;
 
+pub use build::{compile_plan, Built, LoadedKernel};
 pub use cache::{CacheOutcome, KernelCache};
 pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resources};
 pub use cudarc;
 pub use error::FlashError;
-pub use launch::{LoadedKernel, LseMut, Runtime, TensorMut, TensorRef};
+pub use launch::{LseMut, Runtime, TensorMut, TensorRef};
 pub use variant::{ParamArg, Variant};

@@ -10,22 +10,17 @@ mod common;
 use std::path::Path;
 use std::sync::Mutex;
 
+use flash_dsl::files::load_flash_dir;
 use flash_dsl::plan::{default_config_for, plan, KernelFamily};
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
 
 fn examples() -> Vec<VariantSpec> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .flat_map(|f| flash_dsl::parse::parse_file(f).unwrap_or_else(|e| panic!("{e}")))
+    load_flash_dir(&dir)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .flat_map(|(_, specs)| specs)
         .collect()
 }
 
@@ -92,7 +87,7 @@ fn every_example_variant_compiles_without_spills() {
                 c.family, c.block_m, c.block_n, c.warps, c.stages
             ),
             r.registers,
-            p.smem_bytes + r.smem_static,
+            p.smem_bytes() + r.smem_static,
             format!("{}/{}", r.spill_stores, r.spill_loads),
             k.compile_ms
         );

@@ -8,21 +8,15 @@
 
 use std::path::Path;
 
+use flash_dsl::files::load_flash_dir;
 use flash_dsl::plan::{default_config_for, plan, KernelFamily};
 
 fn examples() -> Vec<(String, flash_dsl::VariantSpec)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("examples/variants")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
-        .collect();
-    files.sort();
     let mut out = vec![];
-    for path in files {
-        let src = std::fs::read_to_string(&path).unwrap();
+    for (path, specs) in load_flash_dir(&dir).unwrap_or_else(|e| panic!("{e}")) {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-        for spec in flash_dsl::parse::parse_str(&src).unwrap_or_else(|e| panic!("{stem}: {e:?}")) {
+        for spec in specs {
             out.push((stem.clone(), spec));
         }
     }

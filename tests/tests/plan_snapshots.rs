@@ -6,26 +6,19 @@
 
 use std::path::Path;
 
+use flash_dsl::files::load_flash_dir;
 use flash_dsl::plan::plan;
 
 #[test]
 fn example_plans() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("examples/variants")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "flash"))
-        .collect();
-    files.sort();
+    let files = load_flash_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         files.len() >= 9,
         "expected the example variants in {}",
         dir.display()
     );
-    for path in files {
-        let src = std::fs::read_to_string(&path).unwrap();
-        let specs = flash_dsl::parse::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+    for (path, specs) in files {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         for spec in specs {
             let plan = plan(&spec, None).unwrap_or_else(|e| panic!("{stem}: {e}"));

@@ -1,6 +1,7 @@
 //! The example variants of `examples/variants/*.flash`, built by hand as the validator lowers
 //! them (`causal` is `k <= q + (seq_k - seq_q)`, ints meeting floats are wrapped in `ToFloat`).
-//! Shared by the plan/reference tests and the plan snapshots until the parser can load them.
+//! `plan_reference.rs` checks that the parsed files plan exactly like these (so a change in the
+//! lowering shows up there) and uses them, and variants built with the helpers below, as cases.
 #![allow(dead_code)]
 
 use flash_dsl::spec::{

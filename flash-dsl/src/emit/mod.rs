@@ -1,0 +1,212 @@
+//! CUDA emission: a [`KernelPlan`] becomes one self-contained translation unit.
+//!
+//! Skeletons live in `templates/<kind>/<family>.cu.hbs` and read top to bottom like the
+//! algorithm; the shared pieces are partials in `templates/common/` (argument struct and tile
+//! constants, hooks and the tile walk, the accumulator-layout softmax and epilogue, the Hopper
+//! wgmma/mbarrier/TMA wrappers). This module only computes what they are filled with: constants,
+//! the argument struct's fields (from the plan's operands) and the hook bodies translated from
+//! the plan's expression trees ([`expr`]). Output is a pure function of the plan, so equal
+//! plans give byte-identical source (and share a compile-cache entry).
+
+mod expr;
+
+use handlebars::{handlebars_helper, Handlebars};
+use serde::Serialize;
+
+use crate::plan::{ArgField, KernelFamily, KernelKind, KernelPlan, Layout, Role};
+use crate::spec::DType;
+use expr::{classify_body, hull_body, param_field, ExprCx};
+
+/// The shared partials, by the name skeletons include them with (`{{> name}}`).
+pub const PARTIALS: [(&str, &str); 5] = [
+    (
+        "args",
+        include_str!("../../../templates/common/args.cu.hbs"),
+    ),
+    (
+        "hooks",
+        include_str!("../../../templates/common/hooks.cu.hbs"),
+    ),
+    (
+        "softmax",
+        include_str!("../../../templates/common/softmax.cu.hbs"),
+    ),
+    (
+        "hopper",
+        include_str!("../../../templates/common/hopper.cu.hbs"),
+    ),
+    (
+        "common",
+        include_str!("../../../templates/common/common.cu.hbs"),
+    ),
+];
+
+/// The skeleton of a kernel kind in a family.
+pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
+    match (kind, family) {
+        (KernelKind::Forward, KernelFamily::Sm80) => {
+            include_str!("../../../templates/forward/sm80.cu.hbs")
+        }
+        (KernelKind::Forward, KernelFamily::Sm90) => {
+            include_str!("../../../templates/forward/sm90.cu.hbs")
+        }
+        (KernelKind::Forward, KernelFamily::Sm90Ws) => {
+            include_str!("../../../templates/forward/sm90ws.cu.hbs")
+        }
+    }
+}
+
+/// The device prelude, handed to NVRTC as the named header `flash_prelude.cuh`.
+pub const PRELUDE: &str = include_str!("../../../templates/prelude.cuh");
+/// Include name of [`PRELUDE`].
+pub const PRELUDE_NAME: &str = "flash_prelude.cuh";
+
+/// Generated CUDA for one plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CudaSource {
+    /// Entry point name.
+    pub kernel_name: String,
+    /// The translation unit (includes only the named headers below).
+    pub source: String,
+    /// `(include name, contents)` pairs handed to NVRTC.
+    pub headers: Vec<(String, String)>,
+    /// Dynamic shared memory per block, bytes.
+    pub smem_bytes: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+#[derive(Serialize)]
+struct Context {
+    generator_version: &'static str,
+    variant: String,
+    kind: &'static str,
+    kernel_name: String,
+    arg_fields: Vec<String>,
+    args_size: u32,
+    dtype: &'static str,
+    mma_type: &'static str,
+    pack_type: &'static str,
+    block_m: u32,
+    block_n: u32,
+    warps: u32,
+    stages: u32,
+    dqk: u32,
+    dv: u32,
+    smem_bytes: u32,
+    has_mask: bool,
+    has_score: bool,
+    mask_expr: String,
+    score_expr: String,
+    classify_body: String,
+    hull_body: String,
+    /// Accumulator registers per thread of the wgmma for S (`block_n / 2`) and for O.
+    s_regs: u32,
+    o_regs: u32,
+}
+
+handlebars_helper!(range: |n: u64| (0..n).collect::<Vec<u64>>());
+handlebars_helper!(add: |a: u64, b: u64| a + b);
+
+/// The C++ declaration of each argument-struct field, in layout order.
+fn arg_fields(plan: &KernelPlan) -> Vec<String> {
+    plan.args
+        .slots
+        .iter()
+        .map(|slot| match slot.field {
+            ArgField::Pointer(i) => {
+                let op = &plan.operands[i];
+                let konst = if op.role == Role::Input { "const " } else { "" };
+                format!("{konst}{}* {};", op.ty.cpp(), op.name)
+            }
+            ArgField::Strides(i) => {
+                let op = &plan.operands[i];
+                debug_assert_eq!(op.layout, Layout::Strided);
+                let dims: Vec<&str> = op.dims[..op.dims.len() - 1]
+                    .iter()
+                    .map(|d| d.name())
+                    .collect();
+                format!(
+                    "long long {}_stride[{}];  // elements, along {}",
+                    op.name,
+                    dims.len(),
+                    dims.join(", ")
+                )
+            }
+            ArgField::Size(e) => format!("int {};", e.name()),
+            ArgField::Scale => "float scale;  // softmax scale".to_string(),
+            ArgField::ScaleLog2 => "float scale_log2;  // scale · log2(e)".to_string(),
+            ArgField::Param(i) => param_field(&plan.spec.params[i]),
+            ArgField::Tma(i) => format!(
+                "FlashTmaDesc {}_tma;  // encoded by the runtime per launch",
+                plan.operands[i].name
+            ),
+        })
+        .collect()
+}
+
+/// Emits the CUDA source of `plan`.
+pub fn emit(plan: &KernelPlan) -> CudaSource {
+    let spec = &plan.spec;
+    let cfg = plan.config;
+    let (mma_type, pack_type) = match spec.dtype {
+        DType::F16 => ("f16", "f16x2"),
+        DType::Bf16 => ("bf16", "bf16x2"),
+    };
+    let cx = ExprCx {
+        params: &spec.params,
+    };
+    let (classify_body, hull_body, mask_expr) = match &plan.mask {
+        Some(m) => (
+            classify_body(m, &cx),
+            hull_body(&m.tree, &m.atoms, &cx),
+            cx.expr(&m.expr),
+        ),
+        None => (String::new(), String::new(), String::new()),
+    };
+    let ctx = Context {
+        generator_version: crate::GENERATOR_VERSION,
+        variant: spec.name.clone(),
+        kind: plan.kind.name(),
+        kernel_name: plan.kernel_name.clone(),
+        arg_fields: arg_fields(plan),
+        args_size: plan.args.total_size,
+        dtype: spec.dtype.name(),
+        mma_type,
+        pack_type,
+        block_m: cfg.block_m,
+        block_n: cfg.block_n,
+        warps: cfg.warps,
+        stages: cfg.stages,
+        dqk: spec.head_dim_qk,
+        dv: spec.head_dim_v,
+        smem_bytes: plan.smem_bytes(),
+        has_mask: plan.mask.is_some(),
+        has_score: spec.score.is_some(),
+        mask_expr,
+        score_expr: spec.score.as_ref().map(|e| cx.expr(e)).unwrap_or_default(),
+        classify_body,
+        hull_body,
+        s_regs: cfg.block_n / 2,
+        o_regs: spec.head_dim_v.div_ceil(16) * 8,
+    };
+    let mut hb = Handlebars::new();
+    hb.set_strict_mode(true);
+    hb.register_escape_fn(handlebars::no_escape);
+    hb.register_helper("range", Box::new(range));
+    hb.register_helper("add", Box::new(add));
+    for (name, text) in PARTIALS {
+        hb.register_partial(name, text)
+            .unwrap_or_else(|e| panic!("the `{name}` partial parses: {e}"));
+    }
+    let source = hb
+        .render_template(skeleton(plan.kind, cfg.family), &ctx)
+        .expect("the skeleton renders for every plan (a failure here is a generator bug)");
+    CudaSource {
+        kernel_name: plan.kernel_name.clone(),
+        source,
+        headers: vec![(PRELUDE_NAME.to_string(), PRELUDE.to_string())],
+        smem_bytes: plan.smem_bytes(),
+        threads: plan.threads(),
+    }
+}

@@ -1,0 +1,364 @@
+//! Naive CPU references of a variant's forward pass.
+//!
+//! - [`forward`] computes every score in float64 and applies the softmax row by row: the
+//!   "ground truth" every kernel and the tiled [`emulate`](crate::model::emulate) are compared with.
+//! - [`forward_lowp`] is the "plain same-precision implementation" of the correctness rule
+//!   (FlashAttention's): the error a kernel may have against [`forward`] is bounded by a multiple
+//!   of the error this one has.
+//!
+//! Layouts are row-major and contiguous: q `[b, seq_q, hq, dqk]`, k `[b, seq_k, hkv, dqk]`,
+//! v `[b, seq_k, hkv, dv]`, o `[b, seq_q, hq, dv]`, lse `[b, hq, seq_q]` in natural-log units.
+//! Query head `h` reads key/value head `h / (hq / hkv)` (GQA / MQA). A row with no visible key
+//! (or `seq_k = 0`) gives `o = 0` and `lse = -inf`, never NaN.
+
+use crate::eval::{Env, ParamValues, Point, Sizes};
+use crate::spec::VariantSpec;
+
+/// One attention problem: shapes, inputs and parameter values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    /// `[batch, seq_q, heads_q, head_dim_qk]`.
+    pub q: Vec<f64>,
+    /// `[batch, seq_k, heads_kv, head_dim_qk]`.
+    pub k: Vec<f64>,
+    /// `[batch, seq_k, heads_kv, head_dim_v]`.
+    pub v: Vec<f64>,
+    pub params: ParamValues,
+}
+
+/// Result of a forward pass.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Output {
+    /// `[batch, seq_q, heads_q, head_dim_v]`.
+    pub o: Vec<f64>,
+    /// `[batch, heads_q, seq_q]`, natural log; `-inf` for rows with no visible key.
+    pub lse: Vec<f64>,
+    /// (query tile, key tile) pairs computed, over all batches and heads; 0 for the references.
+    pub tiles_visited: u64,
+    /// (query tile, key tile) pairs skipped as empty; 0 for the references.
+    pub tiles_skipped: u64,
+}
+
+impl Problem {
+    /// A problem with inputs drawn uniformly from `[-1, 1)` by a fixed-seed generator (never
+    /// zeros), with the given parameter values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn random(
+        spec: &VariantSpec,
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seq_q: usize,
+        seq_k: usize,
+        params: ParamValues,
+        seed: u64,
+    ) -> Problem {
+        let mut rng = crate::rng::SplitMix(seed);
+        let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+        let mut draw = |n: usize| (0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+        Problem {
+            batch,
+            heads_q,
+            heads_kv,
+            seq_q,
+            seq_k,
+            q: draw(batch * seq_q * heads_q * dqk),
+            k: draw(batch * seq_k * heads_kv * dqk),
+            v: draw(batch * seq_k * heads_kv * dv),
+            params,
+        }
+    }
+
+    /// Sizes that tensor parameters resolve against.
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            batch: self.batch,
+            heads: self.heads_q,
+            seq_q: self.seq_q,
+            seq_k: self.seq_k,
+        }
+    }
+
+    /// Panics with a clear message unless the shapes agree with `spec`.
+    pub fn check(&self, spec: &VariantSpec) {
+        let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+        assert!(
+            self.heads_kv > 0 && self.heads_q / self.heads_kv * self.heads_kv == self.heads_q,
+            "heads_q {} must be a multiple of heads_kv {}",
+            self.heads_q,
+            self.heads_kv
+        );
+        for (name, len, want) in [
+            (
+                "q",
+                self.q.len(),
+                self.batch * self.seq_q * self.heads_q * dqk,
+            ),
+            (
+                "k",
+                self.k.len(),
+                self.batch * self.seq_k * self.heads_kv * dqk,
+            ),
+            (
+                "v",
+                self.v.len(),
+                self.batch * self.seq_k * self.heads_kv * dv,
+            ),
+        ] {
+            assert_eq!(
+                len, want,
+                "{name} has {len} elements, the shape needs {want}"
+            );
+        }
+    }
+
+    /// Offset of row `(b, pos, head)` in a `[batch, seq, heads, d]` tensor.
+    pub(crate) fn row(
+        b: usize,
+        pos: usize,
+        head: usize,
+        seq: usize,
+        heads: usize,
+        d: usize,
+    ) -> usize {
+        ((b * seq + pos) * heads + head) * d
+    }
+
+    /// Key/value head read by query head `h`.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads_q / self.heads_kv)
+    }
+}
+
+/// Float64 forward pass: `s = scale·q·k`, then the score modification, then the mask (masked
+/// keys are left out of the softmax), then `softmax(s)·v`.
+pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
+    p.check(spec);
+    let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+    let env = Env::new(spec, &p.params, p.sizes());
+    let scale = spec.softmax_scale();
+    let mut out = Output {
+        o: vec![0.0; p.batch * p.seq_q * p.heads_q * dv],
+        lse: vec![f64::NEG_INFINITY; p.batch * p.heads_q * p.seq_q],
+        ..Output::default()
+    };
+    let mut scores: Vec<(usize, f64)> = Vec::with_capacity(p.seq_k);
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let kvh = p.kv_head(h);
+            for i in 0..p.seq_q {
+                let qrow = &p.q[Problem::row(b, i, h, p.seq_q, p.heads_q, dqk)..][..dqk];
+                scores.clear();
+                for j in 0..p.seq_k {
+                    let mut pt = Point {
+                        b: b as i64,
+                        h: h as i64,
+                        q: i as i64,
+                        k: j as i64,
+                        s: 0.0,
+                    };
+                    if !env.mask(&pt) {
+                        continue;
+                    }
+                    let krow = &p.k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
+                    pt.s = scale * dot(qrow, krow);
+                    scores.push((j, env.score(&pt)));
+                }
+                let m = scores.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue; // no visible key: o stays 0, lse stays -inf
+                }
+                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
+                let mut l = 0.0;
+                for &(j, s) in &scores {
+                    let w = (s - m).exp();
+                    l += w;
+                    let vrow = &p.v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
+                    for (o, v) in out.o[orow..orow + dv].iter_mut().zip(vrow) {
+                        *o += w * v;
+                    }
+                }
+                out.o[orow..orow + dv].iter_mut().for_each(|o| *o /= l);
+                out.lse[(b * p.heads_q + h) * p.seq_q + i] = m + l.ln();
+            }
+        }
+    }
+    out
+}
+
+/// The plain same-precision implementation (as a framework computes attention in bf16/f16
+/// without fusion): inputs rounded to the dtype, `q·scale` rounded, `S = q·kᵀ` accumulated in
+/// f32 then rounded (a half-precision matmul's output), the score modification applied in f32
+/// and rounded, the softmax in f32, `P` rounded before `P·V`, and the output rounded. The LSE is
+/// kept in f32. `round` is [`round_bf16`] or [`round_f16`].
+pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> Output {
+    p.check(spec);
+    let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+    let env = Env::new(spec, &p.params, p.sizes());
+    let scale = spec.softmax_scale() as f32;
+    let q: Vec<f32> =
+        p.q.iter()
+            .map(|&x| round(round(x as f32) * scale))
+            .collect();
+    let k: Vec<f32> = p.k.iter().map(|&x| round(x as f32)).collect();
+    let v: Vec<f32> = p.v.iter().map(|&x| round(x as f32)).collect();
+    let mut out = Output {
+        o: vec![0.0; p.batch * p.seq_q * p.heads_q * dv],
+        lse: vec![f64::NEG_INFINITY; p.batch * p.heads_q * p.seq_q],
+        ..Output::default()
+    };
+    let mut scores: Vec<(usize, f32)> = Vec::with_capacity(p.seq_k);
+    let mut acc = vec![0f32; dv];
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let kvh = p.kv_head(h);
+            for i in 0..p.seq_q {
+                let qrow = &q[Problem::row(b, i, h, p.seq_q, p.heads_q, dqk)..][..dqk];
+                scores.clear();
+                for j in 0..p.seq_k {
+                    let mut pt = Point {
+                        b: b as i64,
+                        h: h as i64,
+                        q: i as i64,
+                        k: j as i64,
+                        s: 0.0,
+                    };
+                    if !env.mask(&pt) {
+                        continue;
+                    }
+                    let krow = &k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
+                    let s = round(qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>());
+                    let s = if spec.score.is_some() {
+                        pt.s = s as f64;
+                        round(env.score(&pt) as f32)
+                    } else {
+                        s
+                    };
+                    scores.push((j, s));
+                }
+                let m = scores.iter().map(|s| s.1).fold(f32::NEG_INFINITY, f32::max);
+                if m == f32::NEG_INFINITY {
+                    continue;
+                }
+                let l: f32 = scores.iter().map(|&(_, s)| (s - m).exp()).sum();
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for &(j, s) in &scores {
+                    let w = round((s - m).exp() / l);
+                    let vrow = &v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
+                    for (a, v) in acc.iter_mut().zip(vrow) {
+                        *a += w * v;
+                    }
+                }
+                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
+                for (o, a) in out.o[orow..orow + dv].iter_mut().zip(&acc) {
+                    *o = round(*a) as f64;
+                }
+                out.lse[(b * p.heads_q + h) * p.seq_q + i] = (m + l.ln()) as f64;
+            }
+        }
+    }
+    out
+}
+
+/// Rounds to the nearest bfloat16 (ties to even).
+pub fn round_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// Rounds to the nearest IEEE half (ties to even).
+pub fn round_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// The rounding of a dtype, for [`forward_lowp`].
+pub fn rounding(dtype: crate::spec::DType) -> fn(f32) -> f32 {
+    match dtype {
+        crate::spec::DType::Bf16 => round_bf16,
+        crate::spec::DType::F16 => round_f16,
+    }
+}
+
+/// Largest absolute elementwise difference, treating two equal infinities as 0 apart and a NaN
+/// anywhere as infinitely far.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "compared slices differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            if x == y {
+                0.0
+            } else if x.is_nan() || y.is_nan() {
+                f64::INFINITY
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{DType, VariantSpec};
+
+    fn dense(d: u32) -> VariantSpec {
+        VariantSpec {
+            name: "Dense".into(),
+            doc: String::new(),
+            head_dim_qk: d,
+            head_dim_v: d,
+            dtype: DType::Bf16,
+            scale: None,
+            params: vec![],
+            mask: None,
+            score: None,
+        }
+    }
+
+    #[test]
+    fn single_key_returns_its_value() {
+        let spec = dense(8);
+        let p = Problem::random(&spec, 1, 2, 1, 3, 1, ParamValues::none(), 7);
+        let out = forward(&spec, &p);
+        for i in 0..3 {
+            for h in 0..2 {
+                let o = &out.o[Problem::row(0, i, h, 3, 2, 8)..][..8];
+                assert_eq!(o, &p.v[..8]);
+                let s = dot(&p.q[Problem::row(0, i, h, 3, 2, 8)..][..8], &p.k[..8]) / (8f64).sqrt();
+                assert!((out.lse[h * 3 + i] - s).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    fn lowp_error_is_small_but_nonzero() {
+        let spec = dense(64);
+        let p = Problem::random(&spec, 1, 2, 2, 17, 33, ParamValues::none(), 3);
+        let exact = forward(&spec, &p);
+        let low = forward_lowp(&spec, &p, round_bf16);
+        let err = max_abs_diff(&exact.o, &low.o);
+        assert!(err > 0.0 && err < 0.05, "bf16 error {err}");
+        let low16 = forward_lowp(&spec, &p, round_f16);
+        let err16 = max_abs_diff(&exact.o, &low16.o);
+        assert!(
+            err16 > 0.0 && err16 < err,
+            "f16 error {err16} vs bf16 {err}"
+        );
+    }
+
+    #[test]
+    fn rounding_helpers() {
+        assert_eq!(round_bf16(1.0 + 1.0 / 512.0), 1.0);
+        assert_eq!(round_f16(1.0 + 1.0 / 4096.0), 1.0);
+        assert_eq!(round_f16(0.1), half::f16::from_f32(0.1).to_f32());
+    }
+}

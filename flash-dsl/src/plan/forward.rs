@@ -1,0 +1,98 @@
+//! The forward kind: one kernel per query tile computes O and the LSE.
+//!
+//! This is the worked example of a kernel kind: its operands (Q, K, V in, O and LSE out), the
+//! launch scalars it reads, its grid rule and its launch shape. Everything else — the argument
+//! struct, the launch checks, the packing — follows from this list.
+
+use super::mask::analyse_mask;
+use super::operand::{
+    arg_layout, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
+};
+use super::tile::{config_is_valid, smem_bytes, KernelFamily, PlanError, TileConfig};
+use super::{kernel_name, KernelKind, KernelPlan};
+use crate::spec::VariantSpec;
+
+use Extent::*;
+
+/// The scalars every attention kernel reads.
+pub const ATTENTION_SCALARS: [ArgField; 7] = [
+    ArgField::Size(Batch),
+    ArgField::Size(HeadsQ),
+    ArgField::Size(HeadsKv),
+    ArgField::Size(SeqQ),
+    ArgField::Size(SeqK),
+    ArgField::Scale,
+    ArgField::ScaleLog2,
+];
+
+/// Q, K, V (`[batch, seq, heads, head_dim]`, strided), O (strided) and the LSE (contiguous
+/// `[batch, heads_q, seq_q]` f32, natural log). TMA families load Q, K and V through
+/// descriptors with boxes of the tile's rows.
+pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
+    let elem = OperandType::Storage(spec.dtype);
+    let tma = cfg.family == KernelFamily::Sm90Ws;
+    let mut q = Operand::new(
+        "q",
+        Role::Input,
+        elem,
+        &[Batch, SeqQ, HeadsQ, HeadDimQk],
+        Layout::Strided,
+    );
+    let mut k = Operand::new(
+        "k",
+        Role::Input,
+        elem,
+        &[Batch, SeqK, HeadsKv, HeadDimQk],
+        Layout::Strided,
+    );
+    let mut v = Operand::new(
+        "v",
+        Role::Input,
+        elem,
+        &[Batch, SeqK, HeadsKv, HeadDimV],
+        Layout::Strided,
+    );
+    if tma {
+        q.tma_rows = Some(cfg.block_m);
+        k.tma_rows = Some(cfg.block_n);
+        v.tma_rows = Some(cfg.block_n);
+    }
+    let o = Operand::new(
+        "o",
+        Role::Output,
+        elem,
+        &[Batch, SeqQ, HeadsQ, HeadDimV],
+        Layout::Strided,
+    );
+    let lse = Operand::new(
+        "lse",
+        Role::Output,
+        OperandType::F32,
+        &[Batch, HeadsQ, SeqQ],
+        Layout::Contiguous,
+    );
+    vec![q, k, v, o, lse]
+}
+
+/// Plans the forward kernel of `spec` with `config`.
+pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    config_is_valid(spec, &config)?;
+    let operands = forward_operands(spec, &config);
+    let args = arg_layout(spec, &operands, &ATTENTION_SCALARS);
+    Ok(KernelPlan {
+        kind: KernelKind::Forward,
+        spec: spec.clone(),
+        config,
+        args,
+        operands,
+        launch: LaunchShape {
+            grid: GridRule::QueryTiles {
+                rows: config.block_m,
+            },
+            threads: config.warps * 32,
+            smem_bytes: smem_bytes(spec, &config),
+        },
+        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
+        kernel_name: kernel_name(KernelKind::Forward, spec, &config),
+    })
+}

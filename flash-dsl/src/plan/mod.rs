@@ -1,0 +1,160 @@
+//! The kernel plan: the IR between a validated [`VariantSpec`] and CUDA source.
+//!
+//! A plan fixes everything the emitter and the runtime need and nothing they have to
+//! rediscover: the kernel kind, its operands (from which the argument struct, its layout, the
+//! launch checks and the packing are derived, see [`operand`]), the tile configuration and launch
+//! shape, the mask split into affine atoms (whose truth over a whole tile can be decided from its
+//! corners) and opaque parts (evaluated per element), and the score expression. Two specs that
+//! plan identically emit identical source.
+//!
+//! A pass that needs several kernels is a [`Pipeline`] of plans, launched in order on one
+//! stream. The forward pass is a pipeline of one ([`forward`]); `docs/kernels.md` says where a
+//! new kind goes.
+//!
+//! Modules: [`tile`] (tile configurations, their rules and defaults), [`operand`] (operands,
+//! argument layout, grid rules), [`mask`] (mask analysis into atoms), [`classify`] (the host
+//! mirror of the kernels' tile classification), [`forward`] (the forward kind).
+
+pub mod classify;
+pub mod forward;
+pub mod mask;
+pub mod operand;
+pub mod tile;
+
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::VariantSpec;
+
+pub use classify::{classify, key_tile_classes, TileClass, TileEnv};
+pub use mask::{analyse_mask, range_lookup, AffineAtom, CmpOp, MaskPlan, MaskTree, RangeAtom};
+pub use operand::{
+    arg_layout, ArgField, ArgLayout, ArgSlot, Extent, GridRule, LaunchShape, Layout, Operand,
+    OperandType, Role, TMA_DESC_BYTES,
+};
+pub use tile::{
+    config_is_valid, default_config, default_config_for, smem_bytes, KernelFamily, PlanError,
+    TileConfig, MAX_SMEM_BYTES,
+};
+
+/// What a kernel computes. Each kind has a template folder (`templates/<kind>/`) with one
+/// skeleton per [`KernelFamily`], and a planning function that lists its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum KernelKind {
+    /// O = softmax(score(scale·Q·Kᵀ) masked)·V and the log-sum-exp, per query tile.
+    #[default]
+    Forward,
+}
+
+impl KernelKind {
+    /// The template folder and the long name.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelKind::Forward => "forward",
+        }
+    }
+    /// The short tag in kernel entry-point names.
+    pub fn tag(self) -> &'static str {
+        match self {
+            KernelKind::Forward => "fwd",
+        }
+    }
+}
+
+/// Everything the emitter needs for one kernel, and the runtime for one launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KernelPlan {
+    pub kind: KernelKind,
+    pub spec: VariantSpec,
+    pub config: TileConfig,
+    /// The tensors the kernel reads and writes, in argument-struct order.
+    pub operands: Vec<Operand>,
+    /// Byte layout of the argument struct, derived from the operands and the spec's params.
+    pub args: ArgLayout,
+    pub launch: LaunchShape,
+    /// `None` for a dense variant.
+    pub mask: Option<MaskPlan>,
+    /// The kernel's entry-point name; spells out the configuration.
+    pub kernel_name: String,
+}
+
+impl KernelPlan {
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        self.launch.threads
+    }
+
+    /// Dynamic shared memory the kernel asks for, in bytes.
+    pub fn smem_bytes(&self) -> u32 {
+        self.launch.smem_bytes
+    }
+
+    /// Number of query tiles (thread blocks per batch·head) for `seq_q` queries.
+    pub fn query_tiles(&self, seq_q: usize) -> usize {
+        seq_q.div_ceil(self.config.block_m as usize)
+    }
+
+    /// Number of key tiles for `seq_k` keys.
+    pub fn key_tiles(&self, seq_k: usize) -> usize {
+        seq_k.div_ceil(self.config.block_n as usize)
+    }
+
+    /// The operand called `name`, with its index.
+    pub fn operand(&self, name: &str) -> Option<(usize, &Operand)> {
+        self.operands
+            .iter()
+            .enumerate()
+            .find(|(_, o)| o.name == name)
+    }
+}
+
+/// The kernels of one pass, launched in order on one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pipeline {
+    pub kernels: Vec<KernelPlan>,
+}
+
+/// `flash_<kind>_<name>_<dtype>_d<dqk>x<dv>_m<bm>n<bn>w<w>s<st>[_<family>]`, restricted to
+/// `[a-z0-9_]`.
+pub fn kernel_name(kind: KernelKind, spec: &VariantSpec, cfg: &TileConfig) -> String {
+    let raw = format!(
+        "flash_{}_{}_{}_d{}x{}_m{}n{}w{}s{}{}",
+        kind.tag(),
+        spec.name.to_lowercase(),
+        spec.dtype.name(),
+        spec.head_dim_qk,
+        spec.head_dim_v,
+        cfg.block_m,
+        cfg.block_n,
+        cfg.warps,
+        cfg.stages,
+        match cfg.family {
+            KernelFamily::Sm80 => "",
+            KernelFamily::Sm90 => "_sm90",
+            KernelFamily::Sm90Ws => "_sm90ws",
+        }
+    );
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Plans the forward kernel of `spec` with `config` (or the sm80 default for its head dim).
+pub fn plan(spec: &VariantSpec, config: Option<TileConfig>) -> Result<KernelPlan, PlanError> {
+    forward::plan_forward(spec, config.unwrap_or_else(|| default_config(spec)))
+}
+
+/// The forward pass as a pipeline (one kernel today).
+pub fn forward_pipeline(spec: &VariantSpec, config: TileConfig) -> Result<Pipeline, PlanError> {
+    Ok(Pipeline {
+        kernels: vec![forward::plan_forward(spec, config)?],
+    })
+}

@@ -1,0 +1,357 @@
+//! Unit tests of the planner: defaults, rules, mask atoms, classification.
+use super::*;
+use crate::spec::{BinOp, DType, Dim, Expr, ParamDecl, ParamKind, ScalarTy, UnOp, Var};
+
+fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
+    VariantSpec {
+        name: "Gemma-Local2".into(),
+        doc: String::new(),
+        head_dim_qk: 128,
+        head_dim_v: 64,
+        dtype: DType::Bf16,
+        scale: None,
+        params,
+        mask,
+        score: None,
+    }
+}
+fn var(v: Var) -> Expr {
+    Expr::Var(v)
+}
+fn causal() -> Expr {
+    Expr::bin(
+        BinOp::Le,
+        var(Var::K),
+        Expr::bin(
+            BinOp::Add,
+            var(Var::Q),
+            Expr::bin(BinOp::Sub, var(Var::SeqK), var(Var::SeqQ)),
+        ),
+    )
+}
+fn cfg(block_m: u32, block_n: u32, warps: u32, stages: u32) -> TileConfig {
+    TileConfig {
+        block_m,
+        block_n,
+        warps,
+        stages,
+        family: KernelFamily::Sm80,
+    }
+}
+
+#[test]
+fn defaults_by_head_dim() {
+    let mut s = spec(vec![], None);
+    for (dqk, dv, want) in [
+        (64, 64, cfg(128, 64, 4, 2)),
+        (128, 64, cfg(128, 32, 4, 2)),
+        (96, 256, cfg(64, 64, 4, 1)),
+        (256, 256, cfg(64, 64, 4, 1)),
+    ] {
+        (s.head_dim_qk, s.head_dim_v) = (dqk, dv);
+        assert_eq!(default_config(&s), want, "d {dqk}x{dv}");
+        assert!(plan(&s, None).is_ok());
+        let sm90 = default_config_for(&s, KernelFamily::Sm90);
+        assert_eq!(
+            (sm90.block_m, sm90.warps, sm90.family),
+            (128, 8, KernelFamily::Sm90)
+        );
+        assert!(
+            plan(&s, Some(sm90)).is_ok(),
+            "sm90 default for d {dqk}x{dv}"
+        );
+    }
+}
+
+#[test]
+fn a_score_hook_reading_a_tensor_gets_16_row_warps() {
+    let table = ParamDecl {
+        name: "bias".into(),
+        kind: ParamKind::Tensor {
+            elem: ScalarTy::F32,
+            dims: vec![crate::spec::Dim::Fixed(8)],
+        },
+    };
+    let score = Expr::bin(BinOp::Add, var(Var::S), Expr::Index(0, vec![var(Var::H)]));
+    let mut s = spec(vec![table], None);
+    s.score = Some(score);
+    assert_eq!(default_config(&s), cfg(64, 64, 4, 2));
+}
+
+#[test]
+fn sm90_rules_name_the_value() {
+    let s = spec(vec![], None);
+    let sm90 = |block_m, block_n, warps, stages| TileConfig {
+        family: KernelFamily::Sm90,
+        ..cfg(block_m, block_n, warps, stages)
+    };
+    assert_eq!(
+        plan(&s, Some(sm90(128, 64, 4, 2))).unwrap_err(),
+        PlanError::Warpgroups {
+            block_m: 128,
+            warps: 4
+        }
+    );
+    assert_eq!(
+        plan(&s, Some(sm90(128, 32, 8, 2))).unwrap_err(),
+        PlanError::Sm90Tile {
+            block_n: 32,
+            stages: 2
+        }
+    );
+    let p = plan(&s, Some(sm90(128, 128, 8, 2))).unwrap();
+    // Q 128×128, two stages of K (128×128) and V (128×64), plus the alignment slack.
+    assert_eq!(
+        p.smem_bytes(),
+        1024 + 2 * (128 * 128 + 2 * 128 * (128 + 64))
+    );
+    assert!(p.kernel_name.ends_with("_sm90"));
+    assert_eq!(KernelFamily::for_arch("sm_90a"), KernelFamily::Sm90Ws);
+    assert_eq!(KernelFamily::for_arch("sm_90"), KernelFamily::Sm80);
+    assert!(!KernelFamily::Sm90.runs_on("sm_80"));
+    assert!(!KernelFamily::Sm90Ws.runs_on("sm_90"));
+}
+
+#[test]
+fn warp_specialised_plans_carry_tma_descriptors() {
+    let s = spec(vec![], None);
+    let ws = |block_m, block_n, warps| TileConfig {
+        family: KernelFamily::Sm90Ws,
+        ..cfg(block_m, block_n, warps, 2)
+    };
+    // warps count the producer warpgroup: block_m / 16 + 4.
+    assert_eq!(
+        plan(&s, Some(ws(128, 128, 8))).unwrap_err(),
+        PlanError::Warpgroups {
+            block_m: 128,
+            warps: 8
+        }
+    );
+    let p = plan(&s, Some(ws(128, 128, 12))).unwrap();
+    // 164 bytes of operands and scalars, no params: the descriptors start at the next
+    // 128-byte boundary, one per operand loaded through TMA (Q, K, V).
+    let tma: Vec<(ArgField, u32)> = p
+        .args
+        .slots
+        .iter()
+        .filter(|s| matches!(s.field, ArgField::Tma(_)))
+        .map(|s| (s.field, s.offset))
+        .collect();
+    assert_eq!(
+        tma,
+        [
+            (ArgField::Tma(0), 256),
+            (ArgField::Tma(1), 384),
+            (ArgField::Tma(2), 512)
+        ]
+    );
+    assert_eq!(p.args.total_size, 256 + 3 * TMA_DESC_BYTES);
+    assert_eq!(p.threads(), 384);
+    assert!(p.kernel_name.ends_with("_sm90ws"));
+    // Other families have no descriptors; above head dim 128 the default leaves sm90ws.
+    assert!(!plan(&s, None)
+        .unwrap()
+        .args
+        .slots
+        .iter()
+        .any(|s| matches!(s.field, ArgField::Tma(_))));
+    let mut wide = s.clone();
+    (wide.head_dim_qk, wide.head_dim_v) = (256, 256);
+    assert_eq!(
+        default_config_for(&wide, KernelFamily::Sm90Ws).family,
+        KernelFamily::Sm90
+    );
+}
+
+#[test]
+fn invalid_configs_name_the_value() {
+    let s = spec(vec![], None);
+    let err = |c| plan(&s, Some(c)).unwrap_err();
+    assert_eq!(err(cfg(128, 64, 2, 2)), PlanError::Warps(2));
+    assert_eq!(
+        err(cfg(96, 64, 4, 2)),
+        PlanError::RowsPerWarp {
+            block_m: 96,
+            warps: 4
+        }
+    );
+    assert_eq!(err(cfg(128, 48, 4, 2)), PlanError::BlockN(48));
+    assert_eq!(err(cfg(128, 64, 4, 4)), PlanError::Stages(4));
+    assert_eq!(
+        err(cfg(128, 64, 4, 4)).to_string(),
+        "stages must be 1, 2 or 3; got 4"
+    );
+    let mut big = s.clone();
+    (big.head_dim_qk, big.head_dim_v) = (256, 256);
+    let e = plan(&big, Some(cfg(128, 128, 4, 3))).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the tiles need 458752 bytes of shared memory; the limit is 232448"
+    );
+    for d in [0, 12, 264] {
+        let mut bad = s.clone();
+        bad.head_dim_v = d;
+        assert_eq!(
+            plan(&bad, None).unwrap_err(),
+            PlanError::HeadDim {
+                which: "head_dim_v",
+                value: d
+            }
+        );
+    }
+}
+
+#[test]
+fn smem_threads_name_and_layout() {
+    let params = vec![
+        ParamDecl {
+            name: "cap".into(),
+            kind: ParamKind::Scalar(ScalarTy::F32),
+        },
+        ParamDecl {
+            name: "doc".into(),
+            kind: ParamKind::Tensor {
+                elem: ScalarTy::I32,
+                dims: vec![Dim::Seq],
+            },
+        },
+        ParamDecl {
+            name: "n".into(),
+            kind: ParamKind::Scalar(ScalarTy::I32),
+        },
+    ];
+    let mut s = spec(params, None);
+    s.head_dim_qk = 40;
+    let p = plan(&s, Some(cfg(128, 32, 8, 3))).unwrap();
+    // pad64(40) = 64, pad64(64) = 64.
+    assert_eq!(p.smem_bytes(), 2 * (128 * 64 + 3 * 32 * 128));
+    assert_eq!(p.threads(), 256);
+    assert_eq!(
+        p.kernel_name,
+        "flash_fwd_gemma_local2_bf16_d40x64_m128n32w8s3"
+    );
+    // Q, K, V, O: pointer + 3 strides (32 bytes each), the LSE pointer, 5 sizes, 2 scales
+    // = 164 bytes; then the params by the C rules.
+    let offsets: Vec<(u32, u32)> = p
+        .args
+        .slots
+        .iter()
+        .filter(|s| matches!(s.field, ArgField::Param(_)))
+        .map(|s| (s.offset, s.size))
+        .collect();
+    assert_eq!(offsets, [(164, 4), (168, 8), (176, 4)]);
+    assert_eq!(p.args.total_size, 184);
+    assert_eq!(
+        plan(&spec(vec![], None), None).unwrap().args.total_size,
+        168
+    );
+}
+
+#[test]
+fn causal_is_one_atom() {
+    let m = analyse_mask(&spec(vec![], None), &causal());
+    assert_eq!(m.tree, MaskTree::Atom(0));
+    assert_eq!(
+        m.atoms,
+        [AffineAtom {
+            cq: -1,
+            ck: 1,
+            offset: Expr::bin(BinOp::Sub, var(Var::SeqQ), var(Var::SeqK)),
+            op: CmpOp::Le,
+        }]
+    );
+}
+
+#[test]
+fn equal_atoms_are_shared_and_constants_fold() {
+    let s = spec(vec![], None);
+    // q >= k - (seq_k - seq_q) is causal spelled differently.
+    let other = Expr::bin(
+        BinOp::Ge,
+        var(Var::Q),
+        Expr::bin(
+            BinOp::Sub,
+            var(Var::K),
+            Expr::bin(BinOp::Sub, var(Var::SeqK), var(Var::SeqQ)),
+        ),
+    );
+    let m = analyse_mask(&s, &Expr::bin(BinOp::And, causal(), other));
+    assert_eq!(m.atoms.len(), 1);
+    assert_eq!(m.tree, MaskTree::Atom(0));
+    // 3 < 4 || doc-like opaque: true.
+    let t = Expr::bin(BinOp::Lt, Expr::Int(3), Expr::Int(4));
+    let opaque = Expr::bin(
+        BinOp::Eq,
+        Expr::bin(BinOp::Rem, var(Var::Q), Expr::Int(2)),
+        Expr::Int(0),
+    );
+    let m = analyse_mask(&s, &Expr::bin(BinOp::Or, t.clone(), opaque.clone()));
+    assert_eq!(m.tree, MaskTree::Const(true));
+    let m = analyse_mask(&s, &Expr::bin(BinOp::And, t, opaque.clone()));
+    assert_eq!(m.tree, MaskTree::Opaque);
+    let not_not = Expr::Unary(
+        UnOp::Not,
+        Box::new(Expr::Unary(UnOp::Not, Box::new(causal()))),
+    );
+    assert_eq!(analyse_mask(&s, &not_not).tree, MaskTree::Atom(0));
+    // q * k is not affine; q * 3 and seq_q * seq_k are.
+    let qk = Expr::bin(
+        BinOp::Lt,
+        Expr::bin(BinOp::Mul, var(Var::Q), var(Var::K)),
+        Expr::Int(5),
+    );
+    assert_eq!(analyse_mask(&s, &qk).tree, MaskTree::Opaque);
+    let ok = Expr::bin(
+        BinOp::Gt,
+        Expr::bin(BinOp::Mul, var(Var::Q), Expr::Int(3)),
+        Expr::bin(BinOp::Mul, var(Var::SeqQ), var(Var::SeqK)),
+    );
+    let m = analyse_mask(&s, &ok);
+    // -3q + seq_q·seq_k + 1 <= 0
+    assert_eq!((m.atoms[0].cq, m.atoms[0].ck), (-3, 0));
+    let env = TileEnv {
+        seq_q: 4,
+        seq_k: 5,
+        b: 0,
+        h: 0,
+        scalars: vec![],
+        int_tensors: vec![],
+    };
+    assert_eq!(env.offset(&m.atoms[0].offset), 21);
+    // A float comparison is opaque.
+    let f = Expr::bin(
+        BinOp::Lt,
+        Expr::ToFloat(Box::new(var(Var::Q))),
+        Expr::float(2.5),
+    );
+    assert_eq!(analyse_mask(&s, &f).tree, MaskTree::Opaque);
+}
+
+#[test]
+fn classification_of_causal_tiles() {
+    let s = spec(vec![], Some(causal()));
+    let p = plan(&s, Some(cfg(64, 64, 4, 1))).unwrap();
+    let env = TileEnv {
+        seq_q: 256,
+        seq_k: 256,
+        b: 0,
+        h: 0,
+        scalars: vec![],
+        int_tensors: vec![],
+    };
+    use TileClass::*;
+    assert_eq!(
+        key_tile_classes(&p, &env, 1, 256, 256),
+        [Full, Partial, Empty, Empty]
+    );
+    // Eq atoms: q == k is mixed on the diagonal, never off it; q != k the reverse.
+    let eq = Expr::bin(BinOp::Eq, var(Var::Q), var(Var::K));
+    let m = analyse_mask(&s, &eq);
+    assert_eq!(classify(&m, &s, &env, 0, 63, 0, 63), Partial);
+    assert_eq!(classify(&m, &s, &env, 0, 63, 64, 127), Empty);
+    assert_eq!(classify(&m, &s, &env, 5, 5, 5, 5), Full);
+    let ne = Expr::Unary(UnOp::Not, Box::new(eq));
+    let m = analyse_mask(&s, &ne);
+    assert_eq!(classify(&m, &s, &env, 0, 63, 64, 127), Full);
+    assert_eq!(classify(&m, &s, &env, 5, 5, 5, 5), Empty);
+}

@@ -1,0 +1,250 @@
+//! Tile configurations: the rules each kernel family imposes, the defaults, shared memory.
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{Expr, VariantSpec};
+
+/// Tile shape and launch shape of the forward kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TileConfig {
+    /// Query rows per thread block (`Br`).
+    pub block_m: u32,
+    /// Key columns per inner-loop step (`Bc`).
+    pub block_n: u32,
+    /// Warps per thread block; each warp owns `block_m / warps` query rows (16 or 32).
+    pub warps: u32,
+    /// K/V shared-memory buffers in flight (1 = no prefetch, 2 = double buffering).
+    pub stages: u32,
+    /// Which kernel skeleton expands the plan.
+    #[serde(default)]
+    pub family: KernelFamily,
+}
+
+/// The kernel skeleton a plan expands. Both compute the same function; they differ in the
+/// tensor-core instructions and therefore in the GPUs they run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum KernelFamily {
+    /// `mma.sync` fed by `ldmatrix`, each warp owning 16 or 32 query rows: any GPU from sm_80.
+    #[default]
+    Sm80,
+    /// `wgmma` with operands in shared memory, each warpgroup owning 64 query rows: sm_90a only.
+    Sm90,
+    /// sm90 with warp specialisation: one producer warpgroup loads Q, K and V with the tensor
+    /// memory accelerator (TMA) and publishes them through mbarriers; the consumer warpgroups
+    /// (64 query rows each) never wait on a block-wide barrier. `warps` counts the producer:
+    /// `block_m / 16 + 4`. The argument struct carries three TMA descriptors.
+    Sm90Ws,
+}
+
+impl KernelFamily {
+    /// The fastest family a GPU of this architecture (`sm_80`, `sm_90a`, …) can run.
+    pub fn for_arch(arch: &str) -> KernelFamily {
+        if arch == "sm_90a" {
+            KernelFamily::Sm90Ws
+        } else {
+            KernelFamily::Sm80
+        }
+    }
+
+    /// Whether a kernel of this family can be compiled for `arch`.
+    pub fn runs_on(self, arch: &str) -> bool {
+        match self {
+            KernelFamily::Sm80 => true,
+            KernelFamily::Sm90 | KernelFamily::Sm90Ws => arch == "sm_90a",
+        }
+    }
+}
+
+/// Why a spec cannot be planned with a configuration. Messages are lower case and name the
+/// offending value and the limit it broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("warps must be 4 or 8; got {0}")]
+    Warps(u32),
+    #[error(
+        "each warp must own 16 or 32 query rows (block_m / warps); got block_m {block_m} / warps {warps}"
+    )]
+    RowsPerWarp { block_m: u32, warps: u32 },
+    #[error("block_n must be 32, 64 or 128; got {0}")]
+    BlockN(u32),
+    #[error("stages must be 1, 2 or 3; got {0}")]
+    Stages(u32),
+    #[error("{which} must be a positive multiple of 8 and at most 256; got {value}")]
+    HeadDim { which: &'static str, value: u32 },
+    #[error("the tiles need {bytes} bytes of shared memory; the limit is {limit}")]
+    SharedMemory { bytes: u32, limit: u32 },
+    #[error(
+        "the sm90 kernel gives each warpgroup 64 query rows: block_m must be 64, 128 or 192 with warps = block_m / 16; got block_m {block_m}, warps {warps}"
+    )]
+    Warpgroups { block_m: u32, warps: u32 },
+    #[error(
+        "the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}"
+    )]
+    Sm90Tile { block_n: u32, stages: u32 },
+}
+
+/// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
+pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
+
+/// The default tile configuration for a spec and kernel family, by its larger head dim.
+///
+/// sm90ws (the default on sm_90a, measured on an H200): two consumer warpgroups of 64 rows and
+/// the TMA producer; 128 keys per step at head dim 128, 64 at head dim 64.
+///
+/// sm90 (measured on an H200 against the other sm90 tiles, see `bench/results/`): 128 query rows
+/// in two warpgroups; at head dim 128, 128 keys per step, double-buffered (fewer steps; the
+/// wgmma n extent amortises the softmax); at head dim 64, 64 keys single-buffered, which ran
+/// 8-20% faster than 128 keys or two stages there (two blocks fit on an SM).
+pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
+    match family {
+        KernelFamily::Sm80 => default_config(spec),
+        KernelFamily::Sm90Ws => {
+            let d = spec.head_dim_qk.max(spec.head_dim_v);
+            if d > 128 {
+                // Above head dim 128 the output accumulator leaves the consumers too few of
+                // their 224 registers: the plain sm90 kernel takes over.
+                return default_config_for(spec, KernelFamily::Sm90);
+            }
+            TileConfig {
+                block_m: 128,
+                block_n: if d <= 64 { 64 } else { 128 },
+                warps: 12,
+                stages: 2,
+                family,
+            }
+        }
+        KernelFamily::Sm90 => {
+            let d = spec.head_dim_qk.max(spec.head_dim_v);
+            let (block_n, stages) = match d {
+                0..=64 => (64, 1),
+                65..=128 => (128, 2),
+                _ => (64, 2),
+            };
+            TileConfig {
+                block_m: 128,
+                block_n,
+                warps: 8,
+                stages,
+                family,
+            }
+        }
+    }
+}
+
+/// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
+pub fn default_config(spec: &VariantSpec) -> TileConfig {
+    let d = spec.head_dim_qk.max(spec.head_dim_v);
+    // Chosen so that no example spills (`flash compile --arch sm_80,sm_90`, see README): a warp
+    // owning 32 rows holds 32·d/32 output and 32·block_n/32 score accumulators per thread, so
+    // block_n shrinks to 32 above head dim 64; a score hook that reads a tensor keeps one
+    // lookup per score element in flight, which only fits with 16 rows per warp; so does any
+    // score hook above head dim 64 (the softcap at d=128 sat at 254 of 255 registers with 32-row
+    // warps, one shared-template refactor away from spilling); at 256 the output accumulator
+    // alone needs the 16-row warps and the prefetch stage goes.
+    let reads_tensor = spec.score.as_ref().is_some_and(|e| {
+        let mut found = false;
+        e.visit(&mut |x| found |= matches!(x, Expr::Index(..)));
+        found
+    });
+    let (block_m, block_n, warps, stages) = match d {
+        _ if d <= 128 && reads_tensor => (64, 64, 4, 2),
+        65..=128 if spec.score.is_some() => (64, 64, 4, 2),
+        0..=64 => (128, 64, 4, 2),
+        65..=128 => (128, 32, 4, 2),
+        _ => (64, 64, 4, 1),
+    };
+    TileConfig {
+        block_m,
+        block_n,
+        warps,
+        stages,
+        family: KernelFamily::Sm80,
+    }
+}
+
+/// Checks that the kernel skeleton supports `cfg` for `spec`'s head dims.
+pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    for (which, value) in [
+        ("head_dim_qk", spec.head_dim_qk),
+        ("head_dim_v", spec.head_dim_v),
+    ] {
+        if value == 0 || value % 8 != 0 || value > 256 {
+            return Err(PlanError::HeadDim { which, value });
+        }
+    }
+    if cfg.family == KernelFamily::Sm90Ws {
+        if !matches!(cfg.block_m, 64 | 128) || cfg.warps != cfg.block_m / 16 + 4 {
+            return Err(PlanError::Warpgroups {
+                block_m: cfg.block_m,
+                warps: cfg.warps,
+            });
+        }
+        if !matches!(cfg.block_n, 64 | 128) || cfg.stages != 2 {
+            return Err(PlanError::Sm90Tile {
+                block_n: cfg.block_n,
+                stages: cfg.stages,
+            });
+        }
+        return check_smem(spec, cfg);
+    }
+    if cfg.family == KernelFamily::Sm90 {
+        if !matches!(cfg.block_m, 64 | 128 | 192) || cfg.warps * 16 != cfg.block_m {
+            return Err(PlanError::Warpgroups {
+                block_m: cfg.block_m,
+                warps: cfg.warps,
+            });
+        }
+        if !matches!(cfg.block_n, 64 | 128) || !matches!(cfg.stages, 1 | 2) {
+            return Err(PlanError::Sm90Tile {
+                block_n: cfg.block_n,
+                stages: cfg.stages,
+            });
+        }
+        return check_smem(spec, cfg);
+    }
+    if !matches!(cfg.warps, 4 | 8) {
+        return Err(PlanError::Warps(cfg.warps));
+    }
+    let rows_per_warp = cfg.block_m / cfg.warps;
+    if rows_per_warp * cfg.warps != cfg.block_m || !matches!(rows_per_warp, 16 | 32) {
+        return Err(PlanError::RowsPerWarp {
+            block_m: cfg.block_m,
+            warps: cfg.warps,
+        });
+    }
+    if !matches!(cfg.block_n, 32 | 64 | 128) {
+        return Err(PlanError::BlockN(cfg.block_n));
+    }
+    if !matches!(cfg.stages, 1..=3) {
+        return Err(PlanError::Stages(cfg.stages));
+    }
+    check_smem(spec, cfg)
+}
+
+fn check_smem(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    let bytes = smem_bytes(spec, cfg);
+    if bytes > MAX_SMEM_BYTES {
+        return Err(PlanError::SharedMemory {
+            bytes,
+            limit: MAX_SMEM_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Rounds a head dim up to a whole number of 128-byte (64 half-precision) swizzled rows.
+fn pad64(d: u32) -> u32 {
+    d.div_ceil(64) * 64
+}
+
+/// Shared memory of the forward kernel: the Q tile plus `stages` K and V tiles, 2 bytes per
+/// element, rows padded to 64 elements for the 128-byte swizzle. The sm90 kernel asks for 1024
+/// more bytes to align its buffers to the 1024-byte swizzle atoms that wgmma descriptors address.
+pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
+    let align = match cfg.family {
+        KernelFamily::Sm80 => 0,
+        KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
+    };
+    align + 2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
+}

@@ -1,0 +1,224 @@
+//! Validation: `ast::Decl` → [`VariantSpec`], or every error of the declaration at once.
+//!
+//! This is where the language's rules live: which keys exist, which head dims and dtypes are
+//! supported, how parameters may be indexed, and the expression type system. Shorthands are
+//! lowered here (`causal`, `softcap`, `clamp`, `window`, `alibi`), and `Expr::ToFloat` is
+//! inserted wherever an int meets a float, so later stages see a plain, well-typed tree.
+//!
+//! Errors never stop the walk: each check records a [`Report`] and carries on (an ill-typed
+//! sub-expression yields `None` and its parents stay quiet about it, so one mistake gives one
+//! message).
+//!
+//! The parts, each depending only on those listed before it: `names` (the vocabulary),
+//! `consts` (constant folding), `lower` (what shorthands mean), `decl` (head dims, dtype,
+//! params), `expr` (the expression type checker); this module puts a declaration together.
+
+mod consts;
+mod decl;
+mod expr;
+mod lower;
+mod names;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+
+use crate::ast::{doc_text, Decl, ParamAst, Value};
+use crate::diag::{Diagnostic, Report};
+use crate::spec::{Expr, F64Bits, Ty, VariantSpec};
+
+pub use consts::{const_eval, Const};
+pub use lower::{aligned_q, causal_expr};
+pub use names::{FUNCTIONS, KEYS, VARIABLES};
+
+use consts::is_constant;
+use decl::{check_dtype, check_head_dim, check_params};
+use expr::{Checker, Ctx};
+use names::ty_name;
+
+/// Validate one declaration.
+pub fn validate(decl: &Decl) -> Result<VariantSpec, Vec<Diagnostic>> {
+    validate_reports(decl).map_err(|rs| rs.into_iter().map(|r| r.diagnostic).collect())
+}
+
+/// Validate several declarations, also rejecting duplicate names; all errors together.
+pub fn validate_all(decls: &[Decl]) -> Result<Vec<VariantSpec>, Vec<Report>> {
+    let mut errs = Vec::new();
+    let mut specs = Vec::new();
+    let mut names = HashMap::new();
+    for decl in decls {
+        let name = decl.name.to_string();
+        if names.insert(name.clone(), ()).is_some() {
+            errs.push(Report::at(
+                decl.name.span(),
+                format!("duplicate variant name `{name}`"),
+            ));
+        }
+        match validate_reports(decl) {
+            Ok(spec) => specs.push(spec),
+            Err(rs) => errs.extend(rs),
+        }
+    }
+    if errs.is_empty() {
+        Ok(specs)
+    } else {
+        Err(errs)
+    }
+}
+
+/// Like [`validate`], keeping the end span of each error (the macro underlines whole ranges).
+pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
+    let mut errs = Vec::new();
+    for attr in &decl.attrs {
+        if doc_text(attr).is_none() {
+            errs.push(Report::spanned(
+                attr,
+                "only doc comments are allowed on a declaration",
+            ));
+        }
+    }
+
+    let mut seen: HashMap<String, ()> = HashMap::new();
+    let mut head_dim = None;
+    let mut dtype = None;
+    let mut scale = None;
+    let mut params_ast: Option<&[ParamAst]> = None;
+    let mut mask_ast = None;
+    let mut score_ast = None;
+    let mut head_dim_ok = true;
+    let mut dtype_ok = true;
+    for entry in &decl.entries {
+        let key = entry.key.to_string();
+        if !KEYS.contains(&key.as_str()) {
+            errs.push(Report::at(
+                entry.key.span(),
+                format!("unknown key `{key}`; expected one of {}", KEYS.join(", ")),
+            ));
+            continue;
+        }
+        if seen.insert(key.clone(), ()).is_some() {
+            errs.push(Report::at(
+                entry.key.span(),
+                format!("duplicate key `{key}`"),
+            ));
+            continue;
+        }
+        match (key.as_str(), &entry.value) {
+            ("head_dim", Value::HeadDim(hd)) => {
+                head_dim = check_head_dim(hd, &mut errs);
+                head_dim_ok = head_dim.is_some();
+            }
+            ("dtype", Value::DType(id)) => {
+                dtype = check_dtype(id, &mut errs);
+                dtype_ok = dtype.is_some();
+            }
+            ("params", Value::Params(ps)) => params_ast = Some(ps),
+            ("scale", Value::Expr(e)) => scale = Some(e),
+            ("mask", Value::Expr(e)) => mask_ast = Some(e),
+            ("score", Value::Expr(e)) => score_ast = Some(e),
+            _ => unreachable!("the parser picks the value form from the key"),
+        }
+    }
+    let name = decl.name.to_string();
+    if !seen.contains_key("head_dim") {
+        errs.push(Report::at(
+            decl.name.span(),
+            format!("missing required key `head_dim` in `{name}`, e.g. `head_dim: 128`"),
+        ));
+    }
+    if !seen.contains_key("dtype") {
+        errs.push(Report::at(
+            decl.name.span(),
+            format!("missing required key `dtype` in `{name}`: `dtype: bf16` or `dtype: f16`"),
+        ));
+    }
+
+    let params = check_params(params_ast.unwrap_or(&[]), &mut errs);
+
+    let scale = scale.and_then(|sv| {
+        let mut ck = Checker::new(&params, Ctx::Scale, &mut errs);
+        let (e, ty) = ck.expr(&sv.expr)?;
+        ck.numeric(&sv.tokens, (e.clone(), ty))?;
+        if !is_constant(&e) {
+            errs.push(Report::spanned(
+                &sv.tokens,
+                "scale must be a constant number, like `0.125`",
+            ));
+            return None;
+        }
+        let v = match const_eval(&e) {
+            Some(Const::Int(v)) => v as f64,
+            Some(Const::Float(v)) => v,
+            _ => {
+                // Division by zero or overflow in a constant: no value to check.
+                errs.push(Report::spanned(
+                    &sv.tokens,
+                    "scale must be a constant number, like `0.125`; this one has no value",
+                ));
+                return None;
+            }
+        };
+        if !(v > 0.0 && v.is_finite()) {
+            errs.push(Report::spanned(
+                &sv.tokens,
+                format!("scale must be positive and finite; got {v}"),
+            ));
+            return None;
+        }
+        Some(F64Bits::new(v))
+    });
+
+    let mask = mask_ast.and_then(|mv| {
+        let mut ck = Checker::new(&params, Ctx::Mask, &mut errs);
+        let (e, ty) = ck.expr(&mv.expr)?;
+        if ty != Ty::Bool {
+            errs.push(Report::spanned(
+                &mv.tokens,
+                format!("mask must be a bool expression; got {}", ty_name(ty)),
+            ));
+            return None;
+        }
+        if let Some(Const::Bool(false)) = const_eval(&e) {
+            errs.push(Report::spanned(
+                &mv.tokens,
+                "mask is always false, so every key would be masked out",
+            ));
+            return None;
+        }
+        Some(e)
+    });
+
+    let score = score_ast.and_then(|sv| {
+        let mut ck = Checker::new(&params, Ctx::Score, &mut errs);
+        let (e, ty) = ck.expr(&sv.expr)?;
+        match ty {
+            Ty::Float => Some(e),
+            Ty::Int => Some(Expr::ToFloat(Box::new(e))),
+            Ty::Bool => {
+                errs.push(Report::spanned(
+                    &sv.tokens,
+                    "score must be a number (float, or int promoted to float); got bool",
+                ));
+                None
+            }
+        }
+    });
+
+    if !errs.is_empty() || !head_dim_ok || !dtype_ok {
+        return Err(errs);
+    }
+    let (Some((head_dim_qk, head_dim_v)), Some(dtype)) = (head_dim, dtype) else {
+        return Err(errs);
+    };
+    Ok(VariantSpec {
+        name,
+        doc: decl.doc(),
+        head_dim_qk,
+        head_dim_v,
+        dtype,
+        scale,
+        params,
+        mask,
+        score,
+    })
+}

@@ -1,0 +1,123 @@
+//! Inputs: random Q/K/V rounded to the dtype, random params, and params on the device.
+
+use flash_dsl::eval::{tensor_shape, ParamValue, ParamValues, Sizes};
+use flash_dsl::rng::SplitMix as Rng;
+use flash_dsl::spec::{Dim, ParamKind, ScalarTy};
+use flash_dsl::{DType, VariantSpec};
+use flash_runtime::cudarc::driver::CudaSlice;
+use flash_runtime::{FlashError, ParamArg, Runtime};
+
+pub fn nan_bits(dt: DType) -> u16 {
+    match dt {
+        DType::Bf16 => 0x7FC0,
+        DType::F16 => 0x7E00,
+    }
+}
+
+/// `n` normal draws rounded to `dt`: device bits and the exact values they hold.
+pub fn draw(rng: &mut Rng, n: usize, dt: DType) -> (Vec<u16>, Vec<f64>) {
+    let bits: Vec<u16> = (0..n).map(|_| dt.to_bits(rng.normal())).collect();
+    let vals = bits.iter().map(|&b| dt.from_bits(b)).collect();
+    (bits, vals)
+}
+
+/// Random values for every param of `spec` at `sizes`.
+pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
+    let vals = spec
+        .params
+        .iter()
+        .map(|p| match &p.kind {
+            ParamKind::Scalar(ScalarTy::I32) => {
+                ParamValue::Int(rng.below(sizes.seq_k.max(sizes.seq_q) as u64 + 1) as i64)
+            }
+            ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(if p.name == "cap" {
+                30.0
+            } else {
+                0.5 + rng.uniform()
+            }),
+            ParamKind::Tensor { elem, dims } => {
+                let n: usize = tensor_shape(dims, sizes).iter().product();
+                match elem {
+                    ScalarTy::I32 => {
+                        let mut v: Vec<i64> = (0..n).map(|_| rng.below(8) as i64).collect();
+                        if dims.as_slice() == [Dim::Seq] {
+                            v.sort(); // document ids
+                        }
+                        ParamValue::IntTensor(v)
+                    }
+                    ScalarTy::F32 => {
+                        if dims.as_slice() == [Dim::Heads] {
+                            // ALiBi slopes as in peers.py.
+                            let h = sizes.heads as f64;
+                            ParamValue::FloatTensor(
+                                (0..n)
+                                    .map(|i| (-8.0 * (i as f64 + 1.0) / h).exp2())
+                                    .collect(),
+                            )
+                        } else {
+                            ParamValue::FloatTensor((0..n).map(|_| 0.5 * rng.normal()).collect())
+                        }
+                    }
+                }
+            }
+        })
+        .collect();
+    ParamValues::new(vals)
+}
+
+/// Device copies of param values; `args` borrows them.
+pub struct DeviceParams {
+    i32s: Vec<CudaSlice<i32>>,
+    f32s: Vec<CudaSlice<f32>>,
+}
+
+pub fn upload_params(rt: &Runtime, pv: &ParamValues) -> Result<DeviceParams, FlashError> {
+    let s = rt.stream();
+    let drv = |e| FlashError::Driver(format!("copying params: {e:?}"));
+    let mut d = DeviceParams {
+        i32s: Vec::new(),
+        f32s: Vec::new(),
+    };
+    for v in &pv.0 {
+        match v {
+            ParamValue::IntTensor(x) => {
+                let mut h: Vec<i32> = x.iter().map(|&i| i as i32).collect();
+                h.resize(h.len().max(1), 0);
+                d.i32s.push(s.clone_htod(&h).map_err(drv)?);
+            }
+            ParamValue::FloatTensor(x) => {
+                let mut h: Vec<f32> = x.iter().map(|&f| f as f32).collect();
+                h.resize(h.len().max(1), 0.0);
+                d.f32s.push(s.clone_htod(&h).map_err(drv)?);
+            }
+            _ => {}
+        }
+    }
+    Ok(d)
+}
+
+pub fn param_args<'a>(rt: &Runtime, pv: &ParamValues, d: &'a DeviceParams) -> Vec<ParamArg<'a>> {
+    let (mut i, mut f) = (0, 0);
+    pv.0.iter()
+        .map(|v| match v {
+            ParamValue::Int(x) => ParamArg::I32(*x as i32),
+            ParamValue::Float(x) => ParamArg::F32(*x as f32),
+            ParamValue::IntTensor(x) => {
+                let mut a = ParamArg::tensor_i32(&d.i32s[i], rt.stream());
+                if let ParamArg::Tensor { len, .. } = &mut a {
+                    *len = x.len();
+                }
+                i += 1;
+                a
+            }
+            ParamValue::FloatTensor(x) => {
+                let mut a = ParamArg::tensor_f32(&d.f32s[f], rt.stream());
+                if let ParamArg::Tensor { len, .. } = &mut a {
+                    *len = x.len();
+                }
+                f += 1;
+                a
+            }
+        })
+        .collect()
+}

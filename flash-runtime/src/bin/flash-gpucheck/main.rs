@@ -1,0 +1,203 @@
+//! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
+//!
+//! ```text
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--json OUT.json]
+//! ```
+//!
+//! **Check.** Every declaration of every `DIR/*.flash` (default `examples/variants`), at head dims
+//! 64, 96 and 128 (bf16 and f16 for `Dense` and `Causal`, the declared dtype otherwise), over
+//! shapes covering seq 1/17/113/1023/4096, seq_q ≠ seq_k both ways, MHA/GQA/MQA, seq_k = 0,
+//! fully masked rows and a strided (packed QKV, padded O) layout. Inputs are random normal,
+//! params random; O and LSE are poisoned with NaN before the launch. The rule (FlashAttention's):
+//! `max|O − ref| ≤ 2·max|O_plain − ref|` against the float64 reference, `O_plain` being the plain
+//! same-precision implementation; LSE within 1e-3 (relative above 1) and `-inf` exactly where
+//! the reference's is; fully masked rows exactly 0; no NaN; nothing written outside O's view.
+//! `--small` keeps the small shapes (for compute-sanitizer). Exit status 1 on any failure.
+//!
+//! **Time.** Dense/causal workloads (bf16, f16; d 64, 128; seq 1024, 4096, 16384 with
+//! batch·seq = 16384 and heads = 2048/d) and the variant workloads of `bench/peers.py`
+//! (d 128, 16 heads, bf16), CUDA events, median; FLOPs counted as peers.py does. Also cold
+//! NVRTC compile and warm disk-cache load latency. Rows go to `--json`.
+
+mod cases;
+mod device;
+mod judge;
+mod timing;
+mod variants;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use flash_dsl::plan::{default_config_for, KernelFamily};
+use flash_dsl::{DType, TileConfig, VariantSpec};
+use flash_runtime::Runtime;
+
+use cases::{run_case, shapes, CaseResult, Shape};
+use judge::judge;
+use timing::timing;
+use variants::{load_variants, precompile, with};
+
+/// Runs every case of every variant on the GPU, then judges them on the CPU in parallel,
+/// printing a line per (case, family); returns (lines, failures).
+fn check(
+    rt: &Runtime,
+    specs: &[VariantSpec],
+    small: bool,
+    families: &[KernelFamily],
+) -> (usize, usize) {
+    let mut cases: Vec<(VariantSpec, Shape)> = Vec::new();
+    for spec in specs {
+        let dtypes: &[DType] = if matches!(spec.name.as_str(), "Dense" | "Causal") {
+            &[DType::Bf16, DType::F16]
+        } else {
+            std::slice::from_ref(&spec.dtype)
+        };
+        for &dt in dtypes {
+            let dims: &[u32] = if small { &[64, 128] } else { &[64, 96, 128] };
+            for &d in dims {
+                let s = with(spec, d, dt);
+                for sh in shapes(small) {
+                    cases.push((s.clone(), sh));
+                }
+            }
+        }
+    }
+    let mut uniq: Vec<(VariantSpec, Option<TileConfig>)> = Vec::new();
+    for (s, _) in &cases {
+        for &f in families {
+            let k = (s.clone(), Some(default_config_for(s, f)));
+            if !uniq.contains(&k) {
+                uniq.push(k);
+            }
+        }
+    }
+    let t0 = Instant::now();
+    precompile(rt, &uniq);
+    println!(
+        "# compiled {} kernels in {:.1} s",
+        uniq.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let t0 = Instant::now();
+    let results: Vec<CaseResult> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (s, shp))| run_case(rt, s, *shp, 1000 + i as u64, families))
+        .collect();
+    println!(
+        "# ran {} cases on the GPU in {:.1} s; comparing on the CPU",
+        results.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    // Largest first, so the long references start early.
+    let mut order: Vec<usize> = (0..results.len()).collect();
+    order.sort_by_key(|&i| {
+        let p = &results[i].problem;
+        std::cmp::Reverse(p.batch * p.heads_q * p.seq_q * p.seq_k)
+    });
+    // Lines are printed as each comparison finishes (so a run cut short still reports).
+    let next = AtomicUsize::new(0);
+    let (total, fails) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| loop {
+                let j = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = order.get(j) else { break };
+                for (ok, line) in judge(&results[i]) {
+                    total.fetch_add(1, Ordering::Relaxed);
+                    if !ok {
+                        fails.fetch_add(1, Ordering::Relaxed);
+                    }
+                    println!("{line}");
+                }
+            });
+        }
+    });
+    let (total, fails) = (total.into_inner(), fails.into_inner());
+    (total, fails)
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut dir = PathBuf::from("examples/variants");
+    let (mut small, mut do_check, mut do_time) = (false, true, true);
+    let mut json_out: Option<PathBuf> = None;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--variants" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
+            "--small" => {
+                small = true;
+                do_time = false;
+            }
+            "--no-check" => do_check = false,
+            "--no-time" => do_time = false,
+            "--json" => json_out = args.next().map(PathBuf::from),
+            "-h" | "--help" => {
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--json OUT.json]");
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("unknown argument `{other}`");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let rt = match Runtime::new(0) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let info = rt.info();
+    println!(
+        "# device {} sm_count={} cc={}.{} arch={} smem_optin={}",
+        info.name,
+        info.sm_count,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.arch,
+        info.max_smem_optin
+    );
+    let specs = match load_variants(&dir) {
+        Ok(s) => s,
+        Err(e) => {
+            // The loader's messages (rendered diagnostics included) start with `error:`.
+            eprint!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut failed = false;
+    if do_check {
+        let families: Vec<KernelFamily> =
+            [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
+                .into_iter()
+                .filter(|f| f.runs_on(&info.arch))
+                .collect();
+        let (n, fails) = check(&rt, &specs, small, &families);
+        println!("# correctness: {} passed, {fails} failed of {n}", n - fails);
+        failed |= fails > 0;
+    }
+    if do_time {
+        let mut rows = Vec::new();
+        if let Err(e) = timing(&rt, &specs, &mut rows) {
+            println!("# timing failed: {e}");
+            failed = true;
+        }
+        if let Some(p) = &json_out {
+            let text = serde_json::to_string_pretty(&rows).expect("rows serialise");
+            if let Err(e) = std::fs::write(p, text) {
+                eprintln!("error: writing {}: {e}", p.display());
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

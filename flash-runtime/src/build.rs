@@ -1,0 +1,106 @@
+//! The one path from a plan to a loaded kernel: emit → compile (through the cache) → load into
+//! a context. The runtime, the CLI and the tuner all go through [`compile_plan`]; the runtime
+//! adds [`load_module`].
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{result, CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+use flash_dsl::{CudaSource, KernelPlan};
+
+use crate::cache::{CacheOutcome, KernelCache};
+use crate::compile::{CompileOptions, CompiledKernel};
+use crate::error::FlashError;
+use crate::launch::DeviceInfo;
+
+/// A plan's CUDA and its CUBIN.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub source: CudaSource,
+    pub compiled: Arc<CompiledKernel>,
+    /// How the CUBIN was obtained (memory, disk, fresh compile).
+    pub outcome: CacheOutcome,
+}
+
+/// Emits `plan` and compiles it for `arch` through `cache`.
+pub fn compile_plan(
+    plan: &KernelPlan,
+    arch: &str,
+    cache: &KernelCache,
+) -> Result<Built, FlashError> {
+    let source = flash_dsl::emit(plan);
+    let (compiled, outcome) = cache.get_or_compile(&source, &CompileOptions::new(arch))?;
+    Ok(Built {
+        source,
+        compiled,
+        outcome,
+    })
+}
+
+/// A kernel loaded into a [`Runtime`](crate::Runtime)'s context, ready to launch.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    pub plan: KernelPlan,
+    pub compiled: Arc<CompiledKernel>,
+    /// How the CUBIN was obtained (memory, disk, fresh compile).
+    pub outcome: CacheOutcome,
+    /// Milliseconds spent in emit + compile/cache + module load.
+    pub load_ms: f64,
+    pub(crate) func: CudaFunction,
+}
+
+fn driver(what: &str, e: result::DriverError) -> FlashError {
+    FlashError::Driver(format!("{what}: {e:?}"))
+}
+
+/// Compiles `plan` (through the cache) and loads it into `ctx`, raising the function's dynamic
+/// shared memory limit to the plan's. A request above the device's opt-in limit is an error
+/// naming both.
+pub fn load_module(
+    plan: KernelPlan,
+    ctx: &Arc<CudaContext>,
+    info: &DeviceInfo,
+    cache: &KernelCache,
+) -> Result<LoadedKernel, FlashError> {
+    let start = std::time::Instant::now();
+    if plan.smem_bytes() > info.max_smem_optin {
+        return Err(FlashError::Invalid(format!(
+            "kernel `{}` needs {} bytes of shared memory per block; {} allows at most {}",
+            plan.kernel_name,
+            plan.smem_bytes(),
+            info.name,
+            info.max_smem_optin
+        )));
+    }
+    let built = compile_plan(&plan, &info.arch, cache)?;
+    let name = &built.source.kernel_name;
+    ctx.bind_to_thread()
+        .map_err(|e| driver("binding the context", e))?;
+    let module = ctx
+        .load_module(Ptx::from_binary(built.compiled.cubin.clone()))
+        .map_err(|e| driver(&format!("loading the module of `{name}`"), e))?;
+    let func = module
+        .load_function(name)
+        .map_err(|e| driver(&format!("finding `{name}` in its module"), e))?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        plan.smem_bytes() as i32,
+    )
+    .map_err(|e| {
+        driver(
+            &format!(
+                "raising the dynamic shared memory of `{name}` to {} bytes",
+                plan.smem_bytes()
+            ),
+            e,
+        )
+    })?;
+    Ok(LoadedKernel {
+        plan,
+        compiled: built.compiled,
+        outcome: built.outcome,
+        load_ms: start.elapsed().as_secs_f64() * 1e3,
+        func,
+    })
+}

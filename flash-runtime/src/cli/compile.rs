@@ -1,0 +1,132 @@
+//! `flash compile`: NVRTC compile of each selected declaration, with ptxas's figures.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use flash_dsl::plan::KernelFamily;
+
+use crate::cache::{CacheOutcome, KernelCache};
+use crate::compile::{compile, CompileOptions, CompiledKernel};
+use crate::error::FlashError;
+
+use super::args::{CacheDirArg, VariantArgs};
+
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    #[command(flatten)]
+    pub variant: VariantArgs,
+    /// Target architectures, comma separated or repeated (`sm_80`, `sm_90`, `sm_90a`).
+    #[arg(long, value_delimiter = ',', default_value = "sm_90a")]
+    pub arch: Vec<String>,
+    /// Extra NVRTC options (repeatable), e.g. `--nvrtc-opt=-lineinfo`.
+    #[arg(long = "nvrtc-opt", allow_hyphen_values = true)]
+    pub nvrtc_opt: Vec<String>,
+    /// Compile even if cached, and do not store the result.
+    #[arg(long)]
+    pub no_cache: bool,
+    #[command(flatten)]
+    pub cache: CacheDirArg,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One line of `flash compile` output.
+#[derive(Debug, serde::Serialize)]
+struct CompileReport<'a> {
+    variant: &'a str,
+    kernel: &'a str,
+    arch: &'a str,
+    registers: u32,
+    smem_static: u32,
+    smem_dynamic: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    stack_frame: u32,
+    compile_ms: f64,
+    cache: &'a str,
+}
+
+pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
+    let cache = (!a.no_cache).then(|| KernelCache::new(a.cache.cache_dir.clone()));
+    let mut failed = 0usize;
+    if !a.json {
+        println!(
+            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  cache",
+            "variant", "arch", "regs", "smem B", "spill st/ld", "ms"
+        );
+    }
+    for arch in &a.arch {
+        let generated = a.variant.generate(KernelFamily::for_arch(arch))?;
+        for (spec, plan, src) in &generated {
+            if !plan.config.family.runs_on(arch) {
+                failed += 1;
+                eprintln!(
+                    "error: {}: the {:?} kernel family cannot be compiled for {arch}",
+                    spec.name, plan.config.family
+                );
+                continue;
+            }
+            let opts = CompileOptions {
+                arch: arch.clone(),
+                extra: a.nvrtc_opt.clone(),
+            };
+            let result: Result<(std::sync::Arc<CompiledKernel>, &str), FlashError> = match &cache {
+                Some(c) => c.get_or_compile(src, &opts).map(|(k, o)| (k, o.as_str())),
+                None => compile(src, &opts).map(|k| (std::sync::Arc::new(k), "off")),
+            };
+            match result {
+                Ok((k, outcome)) => {
+                    let r = k.resources;
+                    let ms = if outcome == CacheOutcome::Miss.as_str() || outcome == "off" {
+                        k.compile_ms
+                    } else {
+                        0.0
+                    };
+                    if a.json {
+                        let rep = CompileReport {
+                            variant: &spec.name,
+                            kernel: &k.kernel_name,
+                            arch,
+                            registers: r.registers,
+                            smem_static: r.smem_static,
+                            smem_dynamic: src.smem_bytes,
+                            spill_stores: r.spill_stores,
+                            spill_loads: r.spill_loads,
+                            stack_frame: r.stack_frame,
+                            compile_ms: k.compile_ms,
+                            cache: outcome,
+                        };
+                        println!("{}", serde_json::to_string(&rep).unwrap_or_default());
+                    } else {
+                        println!(
+                            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  {}{}",
+                            spec.name,
+                            arch,
+                            r.registers,
+                            r.smem_static + src.smem_bytes,
+                            format!("{}/{}", r.spill_stores, r.spill_loads),
+                            if ms > 0.0 {
+                                format!("{ms:.1}")
+                            } else {
+                                "-".into()
+                            },
+                            outcome,
+                            if r.spills() { "  (spills!)" } else { "" },
+                        );
+                    }
+                }
+                Err(e @ FlashError::LibraryNotFound { .. }) => return Err(e),
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("error: {} for {arch}: {e}", spec.name);
+                }
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

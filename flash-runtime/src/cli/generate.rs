@@ -1,0 +1,85 @@
+//! `flash gen` (the generated CUDA) and `flash plan` (the kernel plan).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use flash_dsl::plan::KernelFamily;
+use flash_dsl::CudaSource;
+
+use crate::error::FlashError;
+
+use super::args::VariantArgs;
+
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    #[command(flatten)]
+    pub variant: VariantArgs,
+    /// Write `<kernel>.cu` and its headers into this folder instead of printing.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub variant: VariantArgs,
+    /// JSON instead of Rust debug output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn cmd_gen(a: &GenArgs) -> Result<ExitCode, FlashError> {
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for (_, _, src) in a.variant.generate(KernelFamily::Sm80)? {
+        match &a.out {
+            Some(dir) => {
+                write_sources(dir, &src)?;
+                println!("{}", dir.join(format!("{}.cu", src.kernel_name)).display());
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "// ===== {} (threads {}, dynamic smem {} B) =====",
+                    src.kernel_name, src.threads, src.smem_bytes
+                );
+                for (name, contents) in &src.headers {
+                    let _ = writeln!(out, "// ----- header \"{name}\" -----\n{contents}");
+                }
+                let _ = writeln!(out, "// ----- {}.cu -----\n{}", src.kernel_name, src.source);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_sources(dir: &Path, src: &CudaSource) -> Result<(), FlashError> {
+    std::fs::create_dir_all(dir).map_err(|e| FlashError::io("creating", dir, e))?;
+    let mut files = vec![(format!("{}.cu", src.kernel_name), &src.source)];
+    files.extend(
+        src.headers
+            .iter()
+            .map(|(n, c)| (n.replace(['/', '\\'], "_"), c)),
+    );
+    for (name, contents) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, contents).map_err(|e| FlashError::io("writing", &p, e))?;
+    }
+    Ok(())
+}
+
+pub fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
+    for spec in a.variant.load()? {
+        let plan = a.variant.plan(&spec, KernelFamily::Sm80)?;
+        if a.json {
+            let s = serde_json::to_string_pretty(&plan)
+                .map_err(|e| FlashError::Invalid(format!("serialising the plan: {e}")))?;
+            println!("{s}");
+        } else {
+            println!("{plan:#?}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

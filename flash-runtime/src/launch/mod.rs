@@ -1,0 +1,524 @@
+//! Loading generated kernels onto a GPU and launching them: the one module of the runtime that
+//! hands raw pointers to the device.
+//!
+//! A [`Runtime`] owns one CUDA context and stream on one device, the kernel cache, and the
+//! kernels already loaded into the context (keyed by spec and configuration, so a second
+//! [`Runtime::load`] costs one hash-map lookup and no planning).
+//!
+//! Launches are checked and packed from the plan's operand list ([`check`], [`pack`]): no code
+//! here is written per operand, so a new kernel kind needs a binding of its operands, not new
+//! checks. [`tensor`] holds the caller-facing tensor views.
+//!
+//! A forward pass takes [`TensorRef`]s for Q, K, V, a [`TensorMut`] for O, the LSE buffer and the
+//! variant's parameters as [`ParamArg`]s. Everything the kernel will touch is checked before the
+//! launch (see [`Runtime::forward`] and the numbered `# Safety` comment of
+//! `ffi::launch_prepared`, which only a checked `PreparedLaunch` can reach);
+//! every failure is a [`FlashError::Invalid`] naming the offending value and the limit it broke.
+//!
+//! Layouts (the kernel's contract, see `flash_dsl::args`): Q `[batch, seq_q, heads_q, d_qk]`,
+//! K `[batch, seq_k, heads_kv, d_qk]`, V `[batch, seq_k, heads_kv, d_v]`, O `[batch, seq_q,
+//! heads_q, d_v]`, strides in elements with the last dimension contiguous; LSE a contiguous
+//! `[batch, heads_q, seq_q]` f32 array in natural-log units. Query head `h` reads key/value head
+//! `h / (heads_q / heads_kv)`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
+use flash_dsl::plan::KernelFamily;
+use flash_dsl::{KernelPlan, TileConfig, VariantSpec};
+
+use crate::build::load_module;
+pub use crate::build::LoadedKernel;
+use crate::cache::KernelCache;
+use crate::error::FlashError;
+use crate::ffi;
+use crate::libs;
+use crate::prepared::PreparedLaunch;
+use crate::variant::{ParamArg, Variant};
+
+pub mod check;
+pub mod pack;
+pub mod tensor;
+
+use check::invalid;
+pub use check::{contiguous, Extents};
+pub use tensor::{
+    contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
+};
+
+fn driver(what: &str, e: result::DriverError) -> FlashError {
+    FlashError::Driver(format!("{what}: {e:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime and loaded kernels
+// ---------------------------------------------------------------------------------------------
+
+/// The device a [`Runtime`] runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    /// NVRTC target: `sm_90a` on Hopper (kernels may use sm_90a-only instructions), `sm_XY`
+    /// elsewhere.
+    pub arch: String,
+    pub sm_count: u32,
+    /// Dynamic shared memory a block may opt into (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`).
+    pub max_smem_optin: u32,
+    /// The kernel family plans default to: the fastest this GPU runs, or `FLASH_FAMILY`.
+    pub default_family: KernelFamily,
+}
+
+/// The default kernel family for a GPU of `arch`: `FLASH_FAMILY` (`sm80`, `sm90`, `sm90ws`)
+/// when set, else the fastest family the architecture runs. An unknown name, or a family the
+/// GPU cannot run, is an error naming the value.
+pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, FlashError> {
+    let family = match env {
+        None => return Ok(KernelFamily::for_arch(arch)),
+        Some("sm80") => KernelFamily::Sm80,
+        Some("sm90") => KernelFamily::Sm90,
+        Some("sm90ws") => KernelFamily::Sm90Ws,
+        Some(other) => {
+            return Err(invalid(format!(
+                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
+            )))
+        }
+    };
+    if !family.runs_on(arch) {
+        return Err(invalid(format!(
+            "FLASH_FAMILY asks for the {family:?} kernel family, which {arch} cannot run"
+        )));
+    }
+    Ok(family)
+}
+
+/// Loaded kernels by the (spec, forced configuration) they were loaded for.
+type KernelMemo = HashMap<(VariantSpec, Option<TileConfig>), Arc<LoadedKernel>>;
+
+/// One CUDA context and stream on one GPU, with its kernel cache.
+pub struct Runtime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    cache: KernelCache,
+    kernels: Mutex<KernelMemo>,
+    variant_specs: Mutex<HashMap<&'static str, Arc<VariantSpec>>>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("info", &self.info).finish()
+    }
+}
+
+/// Sizes of one forward problem, derived from Q and K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProblemShape {
+    pub batch: usize,
+    pub seq_q: usize,
+    pub seq_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+}
+
+impl Runtime {
+    /// A runtime on GPU `ordinal` with the default kernel cache folder.
+    pub fn new(ordinal: usize) -> Result<Runtime, FlashError> {
+        Self::with_cache(ordinal, KernelCache::new(None))
+    }
+
+    /// A runtime on GPU `ordinal` using `cache`. Errors (never panics) when no driver library
+    /// is found, the driver fails to initialise or the device does not exist.
+    pub fn with_cache(ordinal: usize, cache: KernelCache) -> Result<Runtime, FlashError> {
+        libs::ensure_driver()?;
+        result::init().map_err(|e| driver("cuInit", e))?;
+        let count = result::device::get_count().map_err(|e| driver("cuDeviceGetCount", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(invalid(format!(
+                "gpu {ordinal} does not exist; the driver reports {count} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver("creating a context", e))?;
+        let stream = ctx.default_stream();
+        let attr = |a: CUdevice_attribute| {
+            ctx.attribute(a)
+                .map_err(|e| driver("cuDeviceGetAttribute", e))
+        };
+        let major = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let gpu = libs::GpuInfo {
+            ordinal: ordinal as i32,
+            name: ctx.name().unwrap_or_else(|_| "unknown".into()),
+            compute_capability: (major, minor),
+            total_mem_bytes: 0,
+        };
+        let arch = gpu.arch();
+        let env = std::env::var("FLASH_FAMILY").ok();
+        let default_family = default_family(&arch, env.as_deref())?;
+        let info = DeviceInfo {
+            ordinal,
+            default_family,
+            arch,
+            name: gpu.name,
+            compute_capability: (major, minor),
+            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            max_smem_optin: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as u32,
+        };
+        Ok(Runtime {
+            ctx,
+            stream,
+            info,
+            cache,
+            kernels: Mutex::new(HashMap::new()),
+            variant_specs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    /// The stream every launch of this runtime is issued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    pub fn cache(&self) -> &KernelCache {
+        &self.cache
+    }
+
+    /// The plan [`Runtime::load`] uses for `spec`: `config`, or the default configuration of
+    /// the fastest kernel family this device runs.
+    pub fn plan(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+    ) -> Result<KernelPlan, FlashError> {
+        // The default is the fastest kernel family this GPU runs (wgmma on sm_90a); a forced
+        // configuration must name a family the device can run.
+        let family = self.info.default_family;
+        let config = match config {
+            Some(c) if !c.family.runs_on(&self.info.arch) => {
+                return Err(invalid(format!(
+                "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
+                c.family, self.info.name, self.info.arch
+            )))
+            }
+            Some(c) => c,
+            None => flash_dsl::plan::default_config_for(spec, family),
+        };
+        flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
+            variant: spec.name.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Plans, emits, compiles (through the cache) and loads the kernel of `spec`; memoised per
+    /// (spec, config), so a repeated launch neither re-plans nor re-hashes the source. Errors:
+    /// the planner's, NVRTC's, the driver's, or a shared-memory request above the device's
+    /// opt-in limit.
+    pub fn load(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let key = (spec.clone(), config);
+        if let Some(k) = self.lock_kernels().get(&key) {
+            return Ok(k.clone());
+        }
+        let plan = self.plan(spec, config)?;
+        let k = Arc::new(load_module(plan, &self.ctx, &self.info, &self.cache)?);
+        Ok(self.lock_kernels().entry(key).or_insert(k).clone())
+    }
+
+    fn lock_kernels(&self) -> std::sync::MutexGuard<'_, KernelMemo> {
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs the forward pass of `kernel`: checks everything (see [`Runtime::forward`]), then
+    /// launches on [`Runtime::stream`] (asynchronously).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+    ) -> Result<(), FlashError> {
+        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params)?;
+        self.launch_checked(&launch)
+    }
+
+    /// Loads `spec` (memoised) and runs it: [`Runtime::load`] then [`Runtime::forward`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_spec(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let kernel = self.load(spec, config)?;
+        self.forward(&kernel, q, k, v, o, lse, params)?;
+        Ok(kernel)
+    }
+
+    /// Like [`Runtime::forward_spec`] but allocates O (contiguous, 16-bit elements of the
+    /// variant's dtype) and the LSE, and returns them.
+    pub fn forward_alloc(
+        &self,
+        spec: &VariantSpec,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        params: &[ParamArg<'_>],
+    ) -> Result<(CudaSlice<u16>, CudaSlice<f32>), FlashError> {
+        let [b, sq, hq, _] = q.desc.shape;
+        let o_shape = [b, sq, hq, spec.head_dim_v as usize];
+        let n_o = o_shape.iter().product::<usize>().max(1);
+        let n_l = (b * hq * sq).max(1);
+        let mut o = self
+            .stream
+            .alloc_zeros::<u16>(n_o)
+            .map_err(|e| driver("allocating O", e))?;
+        let mut lse = self
+            .stream
+            .alloc_zeros::<f32>(n_l)
+            .map_err(|e| driver("allocating the LSE", e))?;
+        {
+            let mut om = TensorMut::new(&mut o, o_shape, &self.stream);
+            let mut lm = LseMut::new(&mut lse, &self.stream);
+            self.forward_spec(spec, None, q, k, v, &mut om, &mut lm, params)?;
+        }
+        Ok((o, lse))
+    }
+
+    /// The typed entry point for `attention!`-declared variants: the spec is parsed from
+    /// `V::SOURCE` once per runtime and the params come from `V::param_args`.
+    pub fn forward_variant<V: Variant>(
+        &self,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &V::Params<'_>,
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let spec = self.variant_spec::<V>()?;
+        let args = V::param_args(params, &self.stream);
+        self.forward_spec(&spec, None, q, k, v, o, lse, &args)
+    }
+
+    /// The spec of a macro-declared variant, parsed once.
+    pub fn variant_spec<V: Variant>(&self) -> Result<Arc<VariantSpec>, FlashError> {
+        let mut map = self.variant_specs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = map.get(V::NAME) {
+            return Ok(s.clone());
+        }
+        let specs = flash_dsl::parse::parse_str(V::SOURCE).map_err(|diags| {
+            FlashError::Parse(format!(
+                "the source of variant `{}` does not parse: {}",
+                V::NAME,
+                diags
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        })?;
+        let spec = specs
+            .into_iter()
+            .find(|s| s.name == V::NAME)
+            .ok_or_else(|| invalid(format!("`{}` is not declared in its own source", V::NAME)))?;
+        let spec = Arc::new(spec);
+        map.insert(V::NAME, spec.clone());
+        Ok(spec)
+    }
+
+    /// Median milliseconds of one launch of `kernel` on these buffers, timed with CUDA events
+    /// around each launch after `warmup` untimed launches. The arguments are checked once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f32, FlashError> {
+        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params)?;
+        for _ in 0..warmup {
+            self.launch_checked(&launch)?;
+        }
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = |what| {
+            self.ctx
+                .new_event(timing)
+                .map_err(|e| driver(&format!("creating the {what} event"), e))
+        };
+        let (start, end) = (ev("start")?, ev("end")?);
+        let mut times = Vec::with_capacity(iters.max(1));
+        for _ in 0..iters.max(1) {
+            start
+                .record(&self.stream)
+                .map_err(|e| driver("recording an event", e))?;
+            self.launch_checked(&launch)?;
+            end.record(&self.stream)
+                .map_err(|e| driver("recording an event", e))?;
+            end.synchronize()
+                .map_err(|e| driver("waiting for the kernel", e))?;
+            times.push(
+                start
+                    .elapsed_ms(&end)
+                    .map_err(|e| driver("reading an event", e))?,
+            );
+        }
+        times.sort_by(f32::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    /// Waits for all work on the stream; surfaces asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<(), FlashError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver("synchronising the stream", e))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Checks
+    // -----------------------------------------------------------------------------------------
+
+    /// Every check of a launch of `kernel` with `operands` bound in the plan's operand order
+    /// (see the `# Safety` list of `ffi::launch_prepared`); on success the packed argument
+    /// struct and the grid.
+    pub(crate) fn prepare<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        operands: &[OperandArg],
+        params: &[ParamArg<'_>],
+    ) -> Result<PreparedLaunch<'a>, FlashError> {
+        let plan = &kernel.plan;
+        let ext = check::resolve_extents(plan, operands)?;
+        let me = tensor::ctx_id(&self.ctx);
+        for (op, a) in plan.operands.iter().zip(operands) {
+            let bytes = check::check_operand(op, a, &ext)?;
+            if bytes > 0 && a.ctx != me {
+                return Err(invalid(format!(
+                    "{} lives in another CUDA context than this runtime's (gpu {})",
+                    op.name, self.info.ordinal
+                )));
+            }
+            self.check_allocation(&op.name, a.ptr, bytes)?;
+        }
+        if plan.smem_bytes() > self.info.max_smem_optin {
+            return Err(invalid(format!(
+                "kernel `{}` needs {} bytes of shared memory per block; {} allows at most {}",
+                plan.kernel_name,
+                plan.smem_bytes(),
+                self.info.name,
+                self.info.max_smem_optin
+            )));
+        }
+        let packed = pack::pack_args(plan, operands, &ext, params)?;
+        for (name, ptr, len) in &packed.param_regions {
+            self.check_allocation(name, *ptr, *len)?;
+        }
+        let [gx, gy, gz] = plan.launch.grid.grid(|e| ext.get(e));
+        if gx > i32::MAX as usize || gy > 65535 || gz > 65535 {
+            return Err(invalid(format!(
+                "grid ({gx}, {gy}, {gz}) exceeds the launch limits (2^31-1, 65535, 65535)"
+            )));
+        }
+        Ok(PreparedLaunch::new(
+            &kernel.func,
+            &self.stream,
+            &plan.kernel_name,
+            pack::to_words(&packed.bytes),
+            (gx as u32, gy as u32, gz as u32),
+            plan.threads(),
+            plan.smem_bytes(),
+        ))
+    }
+
+    /// Checks with the driver that `[ptr, ptr + bytes)` lies inside one allocation on this
+    /// runtime's device.
+    fn check_allocation(&self, name: &str, ptr: u64, bytes: usize) -> Result<(), FlashError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("binding the context", e))?;
+        let (start, size, ordinal) = ffi::pointer_range(ptr).map_err(|r| {
+            invalid(format!(
+                "{name} ({ptr:#x}) is not device memory the driver knows ({r:?})"
+            ))
+        })?;
+        // The device, not the context: stream-ordered (pool) allocations, which cudarc makes
+        // where the driver supports them, belong to no context.
+        if ordinal != self.info.ordinal as i32 {
+            return Err(invalid(format!(
+                "{name} lives on gpu {ordinal}; this runtime runs on gpu {}",
+                self.info.ordinal
+            )));
+        }
+        let end = start + size as u64;
+        if ptr + bytes as u64 > end {
+            return Err(invalid(format!(
+                "{name} reaches {bytes} bytes past {ptr:#x}, but its allocation ends {} bytes after it",
+                end - ptr
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches a prepared forward pass (see the `# Safety` comment of
+    /// [`ffi::launch_prepared`] for what `prepare` established).
+    fn launch_checked(&self, launch: &PreparedLaunch<'_>) -> Result<(), FlashError> {
+        if launch.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("binding the context", e))?;
+        ffi::launch_prepared(launch)
+            .map_err(|e| driver(&format!("launching `{}`", launch.name()), e))
+    }
+}
+
+/// The forward kernel's operands (q, k, v, o, lse: the plan's order) as untyped arguments.
+fn forward_operands(
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    o: &TensorMut<'_>,
+    lse: &LseMut<'_>,
+) -> [OperandArg; 5] {
+    [
+        (&q.desc).into(),
+        (&k.desc).into(),
+        (&v.desc).into(),
+        (&o.desc).into(),
+        lse.into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests;

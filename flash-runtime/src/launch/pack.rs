@@ -1,0 +1,183 @@
+//! Packing the argument struct from a plan's [`ArgLayout`]: each field written at its offset
+//! from the checked operands, the extents, the params and the encoded TMA descriptors. Nothing
+//! here is written per operand; a new kernel kind's struct packs with the same code.
+
+use flash_dsl::eval::{tensor_shape, Sizes};
+use flash_dsl::plan::{ArgField, Extent, KernelPlan, TMA_DESC_BYTES};
+use flash_dsl::spec::{ParamKind, ScalarTy};
+
+use super::check::{invalid, Extents};
+use super::tensor::OperandArg;
+use crate::error::FlashError;
+use crate::variant::ParamArg;
+
+/// The argument struct of one launch, as bytes, and the device regions of its tensor params
+/// (`(name, address, bytes)`) that the caller still has to check with the driver.
+pub struct Packed {
+    pub bytes: Vec<u8>,
+    pub param_regions: Vec<(String, u64, usize)>,
+}
+
+/// Writes every field of `plan.args`. `operands` were checked against the plan (same order).
+pub fn pack_args(
+    plan: &KernelPlan,
+    operands: &[OperandArg],
+    ext: &Extents,
+    params: &[ParamArg<'_>],
+) -> Result<Packed, FlashError> {
+    let spec = &plan.spec;
+    let mut bytes = vec![0u8; plan.args.total_size as usize];
+    let sizes = Sizes {
+        batch: ext.get(Extent::Batch),
+        heads: ext.get(Extent::HeadsQ),
+        seq_q: ext.get(Extent::SeqQ),
+        seq_k: ext.get(Extent::SeqK),
+    };
+    let param_regions = check_params(plan, sizes, params)?;
+    for slot in &plan.args.slots {
+        let at = slot.offset as usize;
+        let out = &mut bytes[at..at + slot.size as usize];
+        match slot.field {
+            ArgField::Pointer(i) => out.copy_from_slice(&operands[i].ptr.to_le_bytes()),
+            ArgField::Strides(i) => {
+                let strides = &operands[i].strides;
+                for (chunk, s) in out.chunks_mut(8).zip(strides) {
+                    chunk.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            ArgField::Size(e) => out.copy_from_slice(&(ext.get(e) as i32).to_le_bytes()),
+            ArgField::Scale => out.copy_from_slice(&(spec.softmax_scale() as f32).to_le_bytes()),
+            ArgField::ScaleLog2 => out.copy_from_slice(
+                &((spec.softmax_scale() * std::f64::consts::LOG2_E) as f32).to_le_bytes(),
+            ),
+            ArgField::Param(i) => match params[i] {
+                ParamArg::I32(x) => out.copy_from_slice(&x.to_le_bytes()),
+                ParamArg::F32(x) => out.copy_from_slice(&x.to_le_bytes()),
+                ParamArg::Tensor { ptr, .. } => out.copy_from_slice(&ptr.to_le_bytes()),
+            },
+            ArgField::Tma(i) => {
+                let op = &plan.operands[i];
+                let a = &operands[i];
+                let rows = op.tma_rows.expect("a TMA field belongs to a TMA operand");
+                let shape = a.shape.as_deref().unwrap_or(&[]);
+                // The driver rejects a zero-sized dimension; the kernel then has no tile to
+                // load and never reads the descriptor.
+                if shape.len() != 4 || shape.contains(&0) {
+                    continue;
+                }
+                let flash_dsl::plan::OperandType::Storage(dtype) = op.ty else {
+                    return Err(invalid(format!(
+                        "operand {} is loaded through TMA but is not of the storage type",
+                        op.name
+                    )));
+                };
+                let elem = op.ty.size() as u64;
+                let [b_, s_, h_, d_] = [shape[0], shape[1], shape[2], shape[3]].map(|x| x as u64);
+                let st: Vec<u64> = a.strides.iter().map(|x| *x as u64 * elem).collect();
+                let map = crate::ffi::encode_tma_4d(
+                    a.ptr,
+                    dtype,
+                    [d_, s_, h_, b_],
+                    [st[1], st[2], st[0]],
+                    rows,
+                )
+                .map_err(|r| {
+                    invalid(format!(
+                        "encoding the TMA descriptor of {} (shape {shape:?}, strides {:?}) failed: {r:?}",
+                        op.name, a.strides
+                    ))
+                })?;
+                debug_assert_eq!(map.len(), TMA_DESC_BYTES as usize);
+                out.copy_from_slice(&map);
+            }
+        }
+    }
+    Ok(Packed {
+        bytes,
+        param_regions,
+    })
+}
+
+/// Checks params against the spec: count, kinds, element types, tensor lengths (the element
+/// count their dims resolve to for this launch) and alignment. Returns `(name, address, bytes)`
+/// of each non-empty tensor param, whose allocation the caller still has to check.
+pub fn check_params(
+    plan: &KernelPlan,
+    sizes: Sizes,
+    params: &[ParamArg<'_>],
+) -> Result<Vec<(String, u64, usize)>, FlashError> {
+    let spec = &plan.spec;
+    if params.len() != spec.params.len() {
+        return Err(invalid(format!(
+            "`{}` declares {} param(s) ({}); got {}",
+            spec.name,
+            spec.params.len(),
+            spec.params
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            params.len()
+        )));
+    }
+    let mut regions = Vec::new();
+    for (decl, arg) in spec.params.iter().zip(params) {
+        match (&decl.kind, arg) {
+            (ParamKind::Scalar(ScalarTy::I32), ParamArg::I32(_))
+            | (ParamKind::Scalar(ScalarTy::F32), ParamArg::F32(_)) => {}
+            (
+                ParamKind::Tensor { elem, dims },
+                ParamArg::Tensor {
+                    ptr, len, elem: e, ..
+                },
+            ) if elem == e => {
+                let dims_n = tensor_shape(dims, sizes);
+                let need: usize = dims_n.iter().product();
+                if *len < need {
+                    return Err(invalid(format!(
+                        "param `{}` has {len} elements; its shape {dims_n:?} needs {need}",
+                        decl.name
+                    )));
+                }
+                if need > 0 {
+                    if !ptr.is_multiple_of(4) {
+                        return Err(invalid(format!(
+                            "param `{}`'s address {ptr:#x} is not 4-byte aligned",
+                            decl.name
+                        )));
+                    }
+                    regions.push((format!("param `{}`", decl.name), *ptr, need * 4));
+                }
+            }
+            (kind, a) => {
+                let want = match kind {
+                    ParamKind::Scalar(t) => format!("an {} scalar", t.name()),
+                    ParamKind::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
+                };
+                let got = match a {
+                    ParamArg::I32(_) => "an i32 scalar".to_string(),
+                    ParamArg::F32(_) => "an f32 scalar".to_string(),
+                    ParamArg::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
+                };
+                return Err(invalid(format!(
+                    "param `{}` must be {want}; got {got}",
+                    decl.name
+                )));
+            }
+        }
+    }
+    Ok(regions)
+}
+
+/// The argument bytes as 8-byte words (the struct holds 8-byte pointers and strides, so its
+/// storage must be 8-byte aligned).
+pub fn to_words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks(8)
+        .map(|c| {
+            let mut b8 = [0u8; 8];
+            b8[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(b8)
+        })
+        .collect()
+}

@@ -1,0 +1,290 @@
+//! Unit tests of the launch checks and the packing, on plans of real declarations (no GPU).
+
+use super::*;
+use flash_dsl::plan::{ArgField, Extent};
+use flash_dsl::spec::ScalarTy;
+
+fn arg(shape: &[usize], strides: &[i64], len: usize, elem: ElemType) -> OperandArg {
+    OperandArg {
+        ptr: 0x1000,
+        len,
+        shape: Some(shape.to_vec()),
+        strides: strides.to_vec(),
+        elem,
+        ctx: 0,
+    }
+}
+
+fn dense(shape: [usize; 4], elem: ElemType) -> OperandArg {
+    arg(&shape, &contiguous_strides(shape), usize::MAX / 4, elem)
+}
+
+fn flat(len: usize) -> OperandArg {
+    OperandArg {
+        ptr: 0x1000,
+        len,
+        shape: None,
+        strides: Vec::new(),
+        elem: ElemType::F32,
+        ctx: 0,
+    }
+}
+
+fn plan_of(src: &str) -> KernelPlan {
+    let spec = flash_dsl::parse::parse_str(src).expect("parses").remove(0);
+    flash_dsl::plan(&spec, None).expect("plans")
+}
+
+/// Q [2, 100, 4, 64], K/V [2, 300, 2, 64], O like Q, LSE 2·4·100.
+fn forward_args() -> Vec<OperandArg> {
+    vec![
+        dense([2, 100, 4, 64], ElemType::Bf16),
+        dense([2, 300, 2, 64], ElemType::Bits16),
+        dense([2, 300, 2, 64], ElemType::Bf16),
+        dense([2, 100, 4, 64], ElemType::Bf16),
+        flat(800),
+    ]
+}
+
+#[test]
+fn default_family_by_arch_and_flash_family() {
+    assert_eq!(
+        default_family("sm_90a", None).unwrap(),
+        KernelFamily::Sm90Ws
+    );
+    assert_eq!(default_family("sm_80", None).unwrap(), KernelFamily::Sm80);
+    assert_eq!(
+        default_family("sm_90a", Some("sm90")).unwrap(),
+        KernelFamily::Sm90
+    );
+    let e = default_family("sm_90a", Some("hopper"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sm80, sm90 or sm90ws") && e.contains("hopper"),
+        "{e}"
+    );
+    let e = default_family("sm_80", Some("sm90ws"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Sm90Ws") && e.contains("sm_80"), "{e}");
+}
+
+#[test]
+fn extents_resolve_from_the_operand_list() {
+    let plan = plan_of("C { head_dim: 64, dtype: bf16, mask: causal }");
+    let ext = check::resolve_extents(&plan, &forward_args()).unwrap();
+    for (e, n) in [
+        (Extent::Batch, 2),
+        (Extent::SeqQ, 100),
+        (Extent::SeqK, 300),
+        (Extent::HeadsQ, 4),
+        (Extent::HeadsKv, 2),
+        (Extent::HeadDimQk, 64),
+    ] {
+        assert_eq!(ext.get(e), n, "{e:?}");
+    }
+    assert_eq!(plan.launch.grid.grid(|e| ext.get(e)), [1, 4, 2]);
+}
+
+#[test]
+fn shapes_must_agree() {
+    let plan = plan_of("C { head_dim: 64, dtype: bf16, mask: causal }");
+    let err = |i: usize, a: OperandArg| {
+        let mut args = forward_args();
+        args[i] = a;
+        check::resolve_extents(&plan, &args)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(0, dense([2, 100, 4, 64], ElemType::F16));
+    assert!(
+        e.contains("f16") && e.contains("bf16") && e.contains('q'),
+        "{e}"
+    );
+    let e = err(1, dense([2, 300, 3, 64], ElemType::Bf16));
+    assert!(e.contains("heads_kv is 3 (from k) but v has 2"), "{e}");
+    let e = err(0, dense([2, 100, 4, 128], ElemType::Bf16));
+    assert!(e.contains("head_dim_qk is 64") && e.contains("128"), "{e}");
+    let e = err(3, dense([1, 100, 4, 64], ElemType::Bf16));
+    assert!(e.contains("batch is 2") && e.contains("o has 1"), "{e}");
+    let e = err(4, flat(799));
+    assert!(e.contains("lse has 799") && e.contains("800"), "{e}");
+    let e = err(4, dense([2, 4, 100, 1], ElemType::Bf16));
+    assert!(e.contains("lse holds bf16") && e.contains("f32"), "{e}");
+    // GQA: 4 query heads over 3 kv heads.
+    let mut args = forward_args();
+    args[1] = dense([2, 300, 3, 64], ElemType::Bf16);
+    args[2] = dense([2, 300, 3, 64], ElemType::Bf16);
+    let e = check::resolve_extents(&plan, &args)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("multiple of heads_kv 3"), "{e}");
+    let e = check::resolve_extents(&plan, &args[..4])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("5 operands") && e.contains("got 4"), "{e}");
+}
+
+#[test]
+fn layout_checks_name_value_and_limit() {
+    let plan = plan_of("C { head_dim: 64, dtype: bf16, mask: causal }");
+    let ext = check::resolve_extents(&plan, &forward_args()).unwrap();
+    let q = &plan.operands[0];
+    let s = [1usize, 2, 3, 64];
+    let cs = contiguous_strides(s);
+    assert_eq!(
+        check::check_operand(q, &arg(&s, &cs, 384, ElemType::Bf16), &ext).unwrap(),
+        768,
+        "bytes from the element size"
+    );
+    let e = check::check_operand(q, &arg(&s, &cs, 383, ElemType::Bf16), &ext)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("384") && e.contains("383"), "{e}");
+    let e = check::check_operand(
+        q,
+        &arg(&s, &[384, 196, 64, 1], 10_000, ElemType::Bf16),
+        &ext,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("196") && e.contains("multiple of 8"), "{e}");
+    let e = check::check_operand(
+        q,
+        &arg(&s, &[384, 192, 64, 2], 10_000, ElemType::Bf16),
+        &ext,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("contiguous"), "{e}");
+    let mut mis = arg(&s, &cs, 384, ElemType::Bf16);
+    mis.ptr = 0x1008;
+    let e = check::check_operand(q, &mis, &ext).unwrap_err().to_string();
+    assert!(e.contains("16-byte"), "{e}");
+    // The LSE is a flat f32 buffer, 4-byte aligned.
+    let lse = &plan.operands[4];
+    let mut l = flat(800);
+    assert_eq!(check::check_operand(lse, &l, &ext).unwrap(), 3200);
+    l.ptr = 0x1002;
+    let e = check::check_operand(lse, &l, &ext).unwrap_err().to_string();
+    assert!(e.contains("4-byte"), "{e}");
+}
+
+#[test]
+fn strided_views_and_overlap() {
+    let plan = plan_of("C { head_dim: 64, dtype: bf16, mask: causal }");
+    let ext = check::resolve_extents(&plan, &forward_args()).unwrap();
+    // q inside a packed [b, s, 3, h, d] buffer.
+    let packed = arg(
+        &[2, 5, 4, 64],
+        &[5 * 3 * 4 * 64, 3 * 4 * 64, 64, 1],
+        2 * 5 * 3 * 4 * 64,
+        ElemType::Bf16,
+    );
+    check::check_operand(&plan.operands[0], &packed, &ext).unwrap();
+    // An output whose batch stride is 0 writes one element twice.
+    let alias = arg(&[2, 5, 4, 64], &[0, 256, 64, 1], 100_000, ElemType::Bf16);
+    check::check_operand(&plan.operands[0], &alias, &ext).unwrap();
+    let e = check::check_operand(&plan.operands[3], &alias, &ext)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("share memory"), "{e}");
+    let empty = arg(&[2, 0, 4, 64], &[0, 0, 0, 0], 0, ElemType::Bf16);
+    assert_eq!(check::extent(&[2, 0, 4, 64], &[0, 0, 0, 0]), Some(0));
+    assert_eq!(
+        check::check_operand(&plan.operands[1], &empty, &ext).unwrap(),
+        0
+    );
+}
+
+#[test]
+fn args_are_packed_at_the_layout_offsets() {
+    let plan = plan_of(
+        "Doc { head_dim: 64, dtype: bf16, params: { cap: f32, doc: [i32; seq], n: i32 }, \
+         mask: doc[q] == doc[k] && k < n, score: cap * tanh(s / cap) }",
+    );
+    let mut ops = forward_args();
+    ops[1].ptr = 0x3000;
+    let ext = check::resolve_extents(&plan, &ops).unwrap();
+    let params = [
+        ParamArg::F32(30.0),
+        ParamArg::raw_tensor(0x2000, 300, ScalarTy::I32),
+        ParamArg::I32(7),
+    ];
+    let p = pack::pack_args(&plan, &ops, &ext, &params).unwrap();
+    assert_eq!(p.bytes.len(), plan.args.total_size as usize);
+    assert_eq!(
+        p.param_regions,
+        vec![("param `doc`".to_string(), 0x2000, 1200)]
+    );
+    let at = |f: ArgField| {
+        let s = plan.args.slots.iter().find(|s| s.field == f).unwrap();
+        &p.bytes[s.offset as usize..(s.offset + s.size) as usize]
+    };
+    assert_eq!(at(ArgField::Pointer(1)), 0x3000u64.to_le_bytes());
+    assert_eq!(at(ArgField::Strides(1))[8..16], (2 * 64i64).to_le_bytes());
+    assert_eq!(at(ArgField::Size(Extent::SeqK)), 300i32.to_le_bytes());
+    assert_eq!(at(ArgField::Size(Extent::HeadsKv)), 2i32.to_le_bytes());
+    assert_eq!(at(ArgField::Scale), ((1.0 / 8.0f64) as f32).to_le_bytes());
+    assert_eq!(at(ArgField::Param(0)), 30f32.to_le_bytes());
+    assert_eq!(at(ArgField::Param(1)), 0x2000u64.to_le_bytes());
+    assert_eq!(at(ArgField::Param(2)), 7i32.to_le_bytes());
+    let words = pack::to_words(&p.bytes);
+    assert_eq!(words.len() * 8, p.bytes.len().next_multiple_of(8));
+}
+
+#[test]
+fn params_are_checked() {
+    let plan = plan_of(
+        "Doc { head_dim: 64, dtype: bf16, params: { cap: f32, doc: [i32; seq], n: i32 }, \
+         mask: doc[q] == doc[k] && k < n, score: cap * tanh(s / cap) }",
+    );
+    let sizes = flash_dsl::eval::Sizes {
+        batch: 2,
+        heads: 4,
+        seq_q: 100,
+        seq_k: 300,
+    };
+    let ok = [
+        ParamArg::F32(30.0),
+        ParamArg::raw_tensor(0x2000, 300, ScalarTy::I32),
+        ParamArg::I32(7),
+    ];
+    let err = |args: &[ParamArg<'_>]| {
+        pack::check_params(&plan, sizes, args)
+            .unwrap_err()
+            .to_string()
+    };
+    // seq = max(seq_q, seq_k) = 300 elements.
+    let short = [
+        ok[0],
+        ParamArg::raw_tensor(0x2000, 299, ScalarTy::I32),
+        ok[2],
+    ];
+    let e = err(&short);
+    assert!(
+        e.contains("299") && e.contains("300") && e.contains("doc"),
+        "{e}"
+    );
+    let e = err(&ok[..2]);
+    assert!(e.contains("3 param(s)") && e.contains("got 2"), "{e}");
+    let kind = [ParamArg::I32(30), ok[1], ok[2]];
+    let e = err(&kind);
+    assert!(
+        e.contains("`cap` must be an f32 scalar; got an i32 scalar"),
+        "{e}"
+    );
+    let elem = [
+        ok[0],
+        ParamArg::raw_tensor(0x2000, 300, ScalarTy::F32),
+        ok[2],
+    ];
+    assert!(err(&elem).contains("must be an i32 tensor"));
+    let misaligned = [
+        ok[0],
+        ParamArg::raw_tensor(0x2002, 300, ScalarTy::I32),
+        ok[2],
+    ];
+    assert!(err(&misaligned).contains("4-byte aligned"));
+}

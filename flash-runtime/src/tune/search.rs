@@ -1,0 +1,298 @@
+//! The search: compile the candidates that survive pruning in parallel, drop those that spill,
+//! time the rest through a [`Timer`] (the default first) and check them fastest first.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use flash_dsl::plan::{default_config_for, KernelFamily};
+use flash_dsl::{TileConfig, VariantSpec};
+
+use crate::cache::KernelCache;
+use crate::compile::{CompileOptions, Resources};
+use crate::error::FlashError;
+
+use super::space::{config_label, prune, Candidate, Status};
+
+fn invalid(msg: impl Into<String>) -> FlashError {
+    FlashError::Invalid(msg.into())
+}
+
+/// Compiles a candidate and reports ptxas's figures. Called from several threads at once.
+pub trait Compiler: Sync {
+    fn compile(&self, spec: &VariantSpec, cfg: &TileConfig) -> Result<Resources, String>;
+}
+
+/// Times and checks candidates (one at a time, on one device).
+pub trait Timer {
+    /// Median milliseconds of one forward pass with `cfg`.
+    fn time(&mut self, cfg: &TileConfig) -> Result<f64, String>;
+    /// `Ok` when `cfg`'s output agrees with the reference; `Err` says how it does not.
+    fn check(&mut self, cfg: &TileConfig) -> Result<(), String>;
+    /// After a failure: whether the device can still run anything (a kernel fault poisons a
+    /// CUDA context for good). `Err` aborts the search.
+    fn healthy(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Start of the error message of a search aborted because a candidate killed the CUDA
+/// context; the candidate's label (see [`config_label`]) follows, then `: `.
+pub const CONTEXT_LOST: &str = "the CUDA context died after candidate ";
+
+/// Progress of a tuning run, for a progress bar.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    Compiled { done: usize, total: usize },
+    Pruned { config: TileConfig, why: String },
+    Timed { done: usize, total: usize },
+}
+
+/// Limits of the search.
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    /// The device's opt-in shared memory per block.
+    pub max_smem: u32,
+    /// Compile threads (0: the available parallelism).
+    pub threads: usize,
+    /// Restrict the search to one kernel family.
+    pub family: Option<KernelFamily>,
+    /// Useful floating-point operations of one forward pass (for TFLOP/s), 0 if unknown.
+    pub flops: f64,
+    /// Labels ([`config_label`]) of configurations to leave out.
+    pub exclude: Vec<String>,
+    /// The default stays unless the fastest candidate beats it by more than this fraction
+    /// (0.02: 2%), so that timing noise never replaces it with a configuration that is no
+    /// faster (measured on an H200: winners within 0.5% of the default re-timed up to 1.4%
+    /// slower).
+    pub min_gain: f64,
+}
+
+/// The outcome of [`tune`].
+#[derive(Debug, Clone)]
+pub struct TuneResult {
+    /// Every configuration considered, in search order.
+    pub candidates: Vec<Candidate>,
+    /// The heuristic default for this arch.
+    pub default: TileConfig,
+    pub default_ms: Option<f64>,
+    pub winner: TileConfig,
+    pub winner_ms: f64,
+    pub tune_s: f64,
+}
+
+impl TuneResult {
+    pub fn count(&self, pred: impl Fn(&Status) -> bool) -> usize {
+        self.candidates.iter().filter(|c| pred(&c.status)).count()
+    }
+}
+
+/// Runs the search: prune by layout and shared memory, compile the rest in parallel, prune
+/// spills, time every survivor (the default first), check the candidates fastest first until
+/// one passes. Errors only when no candidate survives.
+pub fn tune(
+    spec: &VariantSpec,
+    arch: &str,
+    opts: &TuneOptions,
+    compiler: &dyn Compiler,
+    timer: &mut dyn Timer,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<TuneResult, FlashError> {
+    let start = Instant::now();
+    let default = default_config_for(spec, opts.family.unwrap_or(KernelFamily::for_arch(arch)));
+    let mut cands = prune(spec, arch, opts.family, opts.max_smem, &opts.exclude);
+    // Configurations that are merely layout-invalid are not worth a table row each: keep the
+    // rows but report them through progress as one line per reason class only when few.
+    for c in &cands {
+        if let Status::Pruned(why) = &c.status {
+            if !why.starts_with("layout") {
+                progress(&Progress::Pruned {
+                    config: c.config,
+                    why: why.clone(),
+                });
+            }
+        }
+    }
+
+    // Compile the survivors in parallel.
+    let todo: Vec<usize> = (0..cands.len())
+        .filter(|&i| cands[i].status == Status::Ok)
+        .collect();
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        opts.threads
+    }
+    .clamp(1, todo.len().max(1));
+    let next = AtomicUsize::new(0);
+    let total = todo.len();
+    let mut results: Vec<(usize, Result<Resources, String>)> = Vec::with_capacity(total);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, todo, cands) = (&next, &todo, &cands);
+            s.spawn(move || loop {
+                let j = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = todo.get(j) else { break };
+                let r = compiler.compile(spec, &cands[i].config);
+                if tx.send((i, r)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        for r in rx {
+            results.push(r);
+            progress(&Progress::Compiled {
+                done: results.len(),
+                total,
+            });
+        }
+    });
+    for (i, r) in results {
+        let c = &mut cands[i];
+        match r {
+            Ok(res) => {
+                c.resources = Some(res);
+                if res.spills() {
+                    c.status = Status::Pruned(format!(
+                        "spills {} B stores / {} B loads ({} registers)",
+                        res.spill_stores, res.spill_loads, res.registers
+                    ));
+                    progress(&Progress::Pruned {
+                        config: c.config,
+                        why: c.status.short(),
+                    });
+                }
+            }
+            Err(e) => c.status = Status::CompileFailed(e),
+        }
+    }
+
+    // Time: the default first (it is the baseline, and the GPU timer's reference).
+    let mut order: Vec<usize> = (0..cands.len())
+        .filter(|&i| cands[i].status == Status::Ok)
+        .collect();
+    order.sort_by_key(|&i| cands[i].config != default);
+    let total = order.len();
+    for (n, &i) in order.iter().enumerate() {
+        let c = &mut cands[i];
+        match timer.time(&c.config) {
+            Ok(ms) => {
+                c.ms = Some(ms);
+                if opts.flops > 0.0 && ms > 0.0 {
+                    c.tflops = Some(opts.flops / (ms * 1e-3) / 1e12);
+                }
+            }
+            Err(e) => {
+                c.status = Status::Failed(e.clone());
+                if let Err(h) = timer.healthy() {
+                    return Err(FlashError::Driver(format!(
+                        "{CONTEXT_LOST}{}: {e} ({h})",
+                        config_label(&c.config)
+                    )));
+                }
+            }
+        }
+        progress(&Progress::Timed { done: n + 1, total });
+    }
+
+    // Check fastest first; the first that passes wins.
+    let mut timed: Vec<usize> = (0..cands.len())
+        .filter(|&i| cands[i].status == Status::Ok && cands[i].ms.is_some())
+        .collect();
+    timed.sort_by(|&a, &b| cands[a].ms.partial_cmp(&cands[b].ms).expect("finite"));
+    let mut winner = None;
+    for &i in &timed {
+        match timer.check(&cands[i].config) {
+            Ok(()) => {
+                cands[i].status = Status::Winner;
+                winner = Some(i);
+                break;
+            }
+            Err(e) => {
+                if let Err(h) = timer.healthy() {
+                    return Err(FlashError::Driver(format!(
+                        "{CONTEXT_LOST}{}: {e} ({h})",
+                        config_label(&cands[i].config)
+                    )));
+                }
+                cands[i].status = Status::Wrong(e)
+            }
+        }
+    }
+    let Some(w) = winner else {
+        // Say why, one example per kind of failure.
+        let mut why: Vec<String> = Vec::new();
+        for c in &cands {
+            let kind = match &c.status {
+                Status::Pruned(w) if w.starts_with("layout") => continue,
+                Status::Pruned(_) => "pruned",
+                Status::CompileFailed(_) => "compile failed",
+                Status::Failed(_) => "failed",
+                Status::Wrong(_) => "wrong",
+                Status::Ok | Status::Winner => continue,
+            };
+            if !why.iter().any(|w| w.starts_with(kind)) {
+                why.push(format!(
+                    "{kind} (e.g. {}: {})",
+                    config_label(&c.config),
+                    c.status.short()
+                ));
+            }
+        }
+        return Err(invalid(format!(
+            "no candidate of `{}` survived tuning ({} considered): {}",
+            spec.name,
+            cands.len(),
+            why.join("; ")
+        )));
+    };
+    let default_ms = cands
+        .iter()
+        .find(|c| c.config == default)
+        .and_then(|c| c.ms);
+    // Keep the default when the winner's gain is within the noise margin.
+    let mut w = w;
+    if let (Some(d), Some(di)) = (default_ms, cands.iter().position(|c| c.config == default)) {
+        let wm = cands[w].ms.expect("timed");
+        if di != w && cands[di].status == Status::Ok && d <= wm * (1.0 + opts.min_gain) {
+            match timer.check(&default) {
+                Ok(()) => {
+                    cands[w].status = Status::Ok;
+                    cands[di].status = Status::Winner;
+                    w = di;
+                }
+                Err(e) => cands[di].status = Status::Wrong(e),
+            }
+        }
+    }
+    Ok(TuneResult {
+        default,
+        default_ms,
+        winner: cands[w].config,
+        winner_ms: cands[w].ms.expect("timed"),
+        candidates: cands,
+        tune_s: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Compiles through a kernel cache (thread-safe, shared by processes).
+pub struct CacheCompiler<'a> {
+    pub cache: &'a KernelCache,
+    pub arch: String,
+}
+
+impl Compiler for CacheCompiler<'_> {
+    fn compile(&self, spec: &VariantSpec, cfg: &TileConfig) -> Result<Resources, String> {
+        let plan = flash_dsl::plan(spec, Some(*cfg)).map_err(|e| e.to_string())?;
+        let src = flash_dsl::emit(&plan);
+        let (k, _) = self
+            .cache
+            .get_or_compile(&src, &CompileOptions::new(self.arch.clone()))
+            .map_err(|e| e.to_string())?;
+        Ok(k.resources)
+    }
+}
