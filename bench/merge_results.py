@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--mode", default="fwd", help="which timing mode the table shows (fwd, bwd)")
+    ap.add_argument("--suffix", default="", help="appended to the output file names")
     a = ap.parse_args()
 
     flash = load(a.flash)
@@ -61,7 +63,7 @@ def main():
             peer_tf[(key(r), r["backend"])] = r["tflops"]
 
     lines = [
-        f"# flash vs peers on {a.gpu} ({a.date})",
+        f"# flash vs peers on {a.gpu} ({a.date}), {a.mode}",
         "",
         "TFLOP/s (variants: useful TFLOP/s = dense FLOPs x mask density / time); ratio = flash / peer.",
         "",
@@ -70,7 +72,7 @@ def main():
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in flash:
-        if r.get("mode") != "fwd" or not finite(r.get("tflops")):
+        if r.get("mode") != a.mode or not finite(r.get("tflops")):
             continue
         k = key(r)
         name = r.get("variant") or ("causal" if r.get("causal") else "dense")
@@ -89,7 +91,7 @@ def main():
         lines += ["", "Compile latency (ms): " + ", ".join(f"{r['mode']} {r['ms']:.2f}" for r in comp)]
 
     os.makedirs(a.out_dir, exist_ok=True)
-    base = os.path.join(a.out_dir, f"{gpu}-{a.date}")
+    base = os.path.join(a.out_dir, f"{gpu}-{a.date}{a.suffix}")
     with open(base + ".json", "w") as f:
         json.dump(rows, f, indent=1)
     with open(base + ".md", "w") as f:

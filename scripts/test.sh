@@ -18,8 +18,9 @@ cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "==> NVRTC compile of every example variant (registers, shared memory, spills)"
-cargo test -p flash-runtime --test examples_nvrtc -- --nocapture
+echo "==> NVRTC compile of every example variant, forward and backward (registers, shared memory, spills)"
+cargo test -p flash-runtime --test examples_nvrtc --test backward_nvrtc -- --nocapture
 
 echo "==> cargo test"
-cargo test --workspace --no-fail-fast -- --skip every_example_variant_compiles_without_spills
+cargo test --workspace --no-fail-fast -- --skip every_example_variant_compiles_without_spills \
+  --skip every_backward_kernel_compiles_within_the_spill_bound

@@ -63,3 +63,27 @@ fn emission_is_a_pure_function_of_the_plan() {
         assert_eq!(a, b);
     }
 }
+
+/// The backward kernels of every example (the main kernel per variant, which carries the
+/// variant's hooks and score derivative; the pre-processing and dQ conversion kernels once, as
+/// they only depend on dtype and head dims).
+#[test]
+fn example_backward_kernels() {
+    use flash_dsl::plan::{backward_pipeline, default_backward_config};
+    for (i, (stem, spec)) in examples().into_iter().enumerate() {
+        let pipe = backward_pipeline(&spec, default_backward_config()).unwrap();
+        for (j, p) in pipe.kernels.iter().enumerate() {
+            if j != 1 && i != 0 {
+                continue;
+            }
+            let src = flash_dsl::emit(p);
+            assert!(!src.source.contains("#include <"));
+            insta::with_settings!({
+                description => format!("emit of the {} kernel of examples/variants/{stem}.flash", p.kind.name()),
+                omit_expression => true,
+            }, {
+                insta::assert_snapshot!(format!("{stem}_{}", p.kind.name()), src.source);
+            });
+        }
+    }
+}

@@ -10,6 +10,11 @@ fn field_name(p: &ParamDecl) -> String {
     format!("p_{}", p.name)
 }
 
+/// The argument-struct field of a parameter's gradient buffer.
+pub(super) fn grad_field_name(p: &ParamDecl) -> String {
+    format!("g_{}", p.name)
+}
+
 fn scalar_cpp(t: ScalarTy) -> &'static str {
     match t {
         ScalarTy::I32 => "int",
@@ -94,9 +99,19 @@ impl ExprCx<'_> {
     /// A tensor lookup with every index clamped into its dimension, so no value of the
     /// expression can read out of bounds. A `seq` dimension holds `max(seq_q, seq_k)` entries.
     fn index(&self, i: usize, idx: &[Expr]) -> String {
+        format!(
+            "__ldg(&args.{}[{}])",
+            field_name(&self.params[i]),
+            self.flat_index(i, idx)
+        )
+    }
+
+    /// The flat element offset of `param[idx]`, every index clamped into its dimension ("0"
+    /// for a scalar).
+    pub(super) fn flat_index(&self, i: usize, idx: &[Expr]) -> String {
         let p = &self.params[i];
         let ParamKind::Tensor { dims, .. } = &p.kind else {
-            unreachable!("validation only lets tensors be indexed")
+            return "0".to_string();
         };
         let mut flat = String::new();
         for (d, ix) in dims.iter().zip(idx) {
@@ -113,7 +128,7 @@ impl ExprCx<'_> {
                 format!("({flat}) * {size} + {clamped}")
             };
         }
-        format!("__ldg(&args.{}[{flat}])", field_name(p))
+        flat
     }
 }
 

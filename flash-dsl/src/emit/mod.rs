@@ -13,15 +13,21 @@ mod expr;
 use handlebars::{handlebars_helper, Handlebars};
 use serde::Serialize;
 
+use crate::deriv::score_gradient;
 use crate::plan::{ArgField, KernelFamily, KernelKind, KernelPlan, Layout, Role};
 use crate::spec::DType;
-use expr::{classify_body, hull_body, param_field, ExprCx};
+use crate::spec::{Expr, Var};
+use expr::{classify_body, grad_field_name, hull_body, param_field, ExprCx};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
-pub const PARTIALS: [(&str, &str); 5] = [
+pub const PARTIALS: [(&str, &str); 6] = [
     (
         "args",
         include_str!("../../../templates/common/args.cu.hbs"),
+    ),
+    (
+        "sm80",
+        include_str!("../../../templates/common/sm80.cu.hbs"),
     ),
     (
         "hooks",
@@ -53,6 +59,13 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
         (KernelKind::Forward, KernelFamily::Sm90Ws) => {
             include_str!("../../../templates/forward/sm90ws.cu.hbs")
         }
+        // The planner only builds the backward kinds for the sm80 family (`PlanError::BackwardFamily`);
+        // pre-processing and the dQ conversion are plain per-row kernels for any family.
+        (KernelKind::BackwardMain, _) => include_str!("../../../templates/backward/sm80.cu.hbs"),
+        (KernelKind::BackwardPre, _) => {
+            include_str!("../../../templates/backward_pre/generic.cu.hbs")
+        }
+        (KernelKind::DqConvert, _) => include_str!("../../../templates/dq_convert/generic.cu.hbs"),
     }
 }
 
@@ -103,6 +116,55 @@ struct Context {
     /// Accumulator registers per thread of the wgmma for S (`block_n / 2`) and for O.
     s_regs: u32,
     o_regs: u32,
+    is_bf16: bool,
+    /// ∂score/∂s as C++ (backward kinds with a score hook).
+    dscore_expr: String,
+    /// Parameter-gradient code of the backward kernel (see [`GradCode`]).
+    grad_uniform_count: usize,
+    grad_element_body: String,
+    grad_flush_body: String,
+}
+
+/// The backward kernel's parameter-gradient code: for each term `∂Z/∂θ[idx]` of the score
+/// gradient, either an atomic add per visible element (the element read depends on the query
+/// or the key), or a per-thread sum added once per head (it does not: a per-head slope, a
+/// scalar), which avoids thousands of atomics on one address.
+#[derive(Default)]
+struct GradCode {
+    uniform: usize,
+    element: String,
+    flush: String,
+}
+
+fn reads_position(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| found |= matches!(x, Expr::Var(Var::Q | Var::K)));
+    found
+}
+
+fn grad_code(plan: &KernelPlan, cx: &ExprCx) -> GradCode {
+    let mut code = GradCode::default();
+    if plan.kind != KernelKind::BackwardMain {
+        return code;
+    }
+    let Some(g) = score_gradient(&plan.spec) else {
+        return code;
+    };
+    let with_grad: Vec<usize> = crate::plan::grad_params(&plan.spec);
+    for term in g.params.iter().filter(|t| with_grad.contains(&t.param)) {
+        let field = grad_field_name(&plan.spec.params[term.param]);
+        let at = format!("&args.{field}[{}]", cx.flat_index(term.param, &term.index));
+        let d = cx.expr(&term.d);
+        if term.index.iter().any(reads_position) {
+            code.element += &format!("  atomicAdd({at}, dz * (float)({d}));\n");
+        } else {
+            let u = code.uniform;
+            code.element += &format!("  acc.t[{u}] += dz * (float)({d});\n");
+            code.flush += &format!("  if (lane == 0) atomicAdd({at}, acc.t[{u}]);\n");
+            code.uniform += 1;
+        }
+    }
+    code
 }
 
 handlebars_helper!(range: |n: u64| (0..n).collect::<Vec<u64>>());
@@ -137,6 +199,11 @@ fn arg_fields(plan: &KernelPlan) -> Vec<String> {
             ArgField::Scale => "float scale;  // softmax scale".to_string(),
             ArgField::ScaleLog2 => "float scale_log2;  // scale · log2(e)".to_string(),
             ArgField::Param(i) => param_field(&plan.spec.params[i]),
+            ArgField::ParamGrad(i) => format!(
+                "float* {};  // gradient of `{}`, added into",
+                grad_field_name(&plan.spec.params[i]),
+                plan.spec.params[i].name
+            ),
             ArgField::Tma(i) => format!(
                 "FlashTmaDesc {}_tma;  // encoded by the runtime per launch",
                 plan.operands[i].name
@@ -164,6 +231,11 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         ),
         None => (String::new(), String::new(), String::new()),
     };
+    let grads = grad_code(plan, &cx);
+    let dscore_expr = match (plan.kind, score_gradient(spec)) {
+        (KernelKind::BackwardMain, Some(g)) => cx.expr(&g.d_ds),
+        _ => String::new(),
+    };
     let ctx = Context {
         generator_version: crate::GENERATOR_VERSION,
         variant: spec.name.clone(),
@@ -189,6 +261,11 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         hull_body,
         s_regs: cfg.block_n / 2,
         o_regs: spec.head_dim_v.div_ceil(16) * 8,
+        is_bf16: spec.dtype == DType::Bf16,
+        dscore_expr,
+        grad_uniform_count: grads.uniform,
+        grad_element_body: grads.element,
+        grad_flush_body: grads.flush,
     };
     let mut hb = Handlebars::new();
     hb.set_strict_mode(true);

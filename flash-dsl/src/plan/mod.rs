@@ -15,6 +15,7 @@
 //! argument layout, grid rules), [`mask`] (mask analysis into atoms), [`classify`] (the host
 //! mirror of the kernels' tile classification), [`forward`] (the forward kind).
 
+pub mod backward;
 pub mod classify;
 pub mod forward;
 pub mod mask;
@@ -28,11 +29,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::VariantSpec;
 
+pub use backward::{backward_pipeline, default_backward_config, grad_params};
 pub use classify::{classify, key_tile_classes, TileClass, TileEnv};
 pub use mask::{analyse_mask, range_lookup, AffineAtom, CmpOp, MaskPlan, MaskTree, RangeAtom};
 pub use operand::{
-    arg_layout, ArgField, ArgLayout, ArgSlot, Extent, GridRule, LaunchShape, Layout, Operand,
-    OperandType, Role, TMA_DESC_BYTES,
+    arg_layout, arg_layout_with, ArgField, ArgLayout, ArgSlot, Extent, GridRule, LaunchShape,
+    Layout, Operand, OperandType, Role, TMA_DESC_BYTES,
 };
 pub use tile::{
     config_is_valid, default_config, default_config_for, smem_bytes, KernelFamily, PlanError,
@@ -46,6 +48,12 @@ pub enum KernelKind {
     /// O = softmax(score(scale·Q·Kᵀ) masked)·V and the log-sum-exp, per query tile.
     #[default]
     Forward,
+    /// `delta = rowsum(dO ∘ O)`; zeroes the fp32 dQ accumulator.
+    BackwardPre,
+    /// dK, dV (and dQ into the fp32 accumulator, and the score params' gradients) per key tile.
+    BackwardMain,
+    /// The fp32 dQ accumulator into dQ.
+    DqConvert,
 }
 
 impl KernelKind {
@@ -53,12 +61,18 @@ impl KernelKind {
     pub fn name(self) -> &'static str {
         match self {
             KernelKind::Forward => "forward",
+            KernelKind::BackwardPre => "backward_pre",
+            KernelKind::BackwardMain => "backward",
+            KernelKind::DqConvert => "dq_convert",
         }
     }
     /// The short tag in kernel entry-point names.
     pub fn tag(self) -> &'static str {
         match self {
             KernelKind::Forward => "fwd",
+            KernelKind::BackwardPre => "bwdpre",
+            KernelKind::BackwardMain => "bwd",
+            KernelKind::DqConvert => "bwddq",
         }
     }
 }

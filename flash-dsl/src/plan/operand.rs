@@ -170,6 +170,9 @@ pub enum ArgField {
     Param(usize),
     /// The 128-byte TMA descriptor of operand `i`.
     Tma(usize),
+    /// The fp32 gradient buffer of user parameter `i` (same shape as the parameter; one element
+    /// for a scalar), which a backward kernel adds into.
+    ParamGrad(usize),
 }
 
 /// A field and its place.
@@ -205,6 +208,7 @@ impl ArgField {
                 ParamKind::Scalar(_) => (4, 4),
             },
             ArgField::Tma(_) => (TMA_DESC_BYTES, TMA_DESC_BYTES),
+            ArgField::ParamGrad(_) => (8, 8),
         }
     }
 }
@@ -214,6 +218,18 @@ impl ArgField {
 /// scalars; then the params in declaration order; then a TMA descriptor per operand loaded
 /// through one.
 pub fn arg_layout(spec: &VariantSpec, operands: &[Operand], scalars: &[ArgField]) -> ArgLayout {
+    arg_layout_with(spec, operands, scalars, &[], true)
+}
+
+/// [`arg_layout`] with `extra` fields (gradient buffers) after the params, and the params left
+/// out for kernels that never read them.
+pub fn arg_layout_with(
+    spec: &VariantSpec,
+    operands: &[Operand],
+    scalars: &[ArgField],
+    extra: &[ArgField],
+    with_params: bool,
+) -> ArgLayout {
     let mut fields = Vec::new();
     for (i, op) in operands.iter().enumerate() {
         fields.push(ArgField::Pointer(i));
@@ -222,7 +238,10 @@ pub fn arg_layout(spec: &VariantSpec, operands: &[Operand], scalars: &[ArgField]
         }
     }
     fields.extend_from_slice(scalars);
-    fields.extend((0..spec.params.len()).map(ArgField::Param));
+    if with_params {
+        fields.extend((0..spec.params.len()).map(ArgField::Param));
+    }
+    fields.extend_from_slice(extra);
     fields.extend(
         operands
             .iter()
@@ -257,6 +276,8 @@ pub fn arg_layout(spec: &VariantSpec, operands: &[Operand], scalars: &[ArgField]
 pub enum GridRule {
     /// `(ceil(seq_q / rows), heads_q, batch)`: one block per query tile of each head.
     QueryTiles { rows: u32 },
+    /// `(ceil(seq_k / rows), heads_kv, batch)`: one block per key tile of each KV head.
+    KeyTilesKvHeads { rows: u32 },
 }
 
 impl GridRule {
@@ -266,6 +287,11 @@ impl GridRule {
             GridRule::QueryTiles { rows } => [
                 get(Extent::SeqQ).div_ceil(rows as usize),
                 get(Extent::HeadsQ),
+                get(Extent::Batch),
+            ],
+            GridRule::KeyTilesKvHeads { rows } => [
+                get(Extent::SeqK).div_ceil(rows as usize),
+                get(Extent::HeadsKv),
                 get(Extent::Batch),
             ],
         }

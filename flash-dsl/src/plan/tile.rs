@@ -81,6 +81,19 @@ pub enum PlanError {
         "the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}"
     )]
     Sm90Tile { block_n: u32, stages: u32 },
+    #[error(
+        "the sm80 backward kernel takes block_m = block_n = 64, warps 4, stages 1 and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
+    )]
+    Backward {
+        block_m: u32,
+        block_n: u32,
+        warps: u32,
+        stages: u32,
+        dqk: u32,
+        dv: u32,
+    },
+    #[error("the backward pass has no {0:?} kernel yet; it runs on the Sm80 family (any GPU from sm_80)")]
+    BackwardFamily(KernelFamily),
 }
 
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
@@ -237,8 +250,8 @@ fn pad64(d: u32) -> u32 {
     d.div_ceil(64) * 64
 }
 
-/// Shared memory of the forward kernel: the Q tile plus `stages` K and V tiles, 2 bytes per
-/// element, rows padded to 64 elements for the 128-byte swizzle. The sm90 kernel asks for 1024
+/// Shared memory of the forward kernel: the Q tile plus `stages` K and V tiles of the storage
+/// type, rows padded to 64 elements for the 128-byte swizzle. The sm90 kernel asks for 1024
 /// more bytes to align its buffers to the 1024-byte swizzle atoms that wgmma descriptors address.
 pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
@@ -246,5 +259,6 @@ pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
         KernelFamily::Sm80 => 0,
         KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
     };
-    align + 2 * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
+    let elem = spec.dtype.size() as u32;
+    align + elem * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
 }

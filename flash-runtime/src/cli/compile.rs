@@ -1,10 +1,13 @@
 //! `flash compile`: NVRTC compile of each selected declaration, with ptxas's figures.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
 use flash_dsl::plan::KernelFamily;
+use flash_dsl::{CudaSource, KernelPlan};
 
+use crate::build::compile_plan;
 use crate::cache::{CacheOutcome, KernelCache};
 use crate::compile::{compile, CompileOptions, CompiledKernel};
 use crate::error::FlashError;
@@ -56,9 +59,16 @@ pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
             "variant", "arch", "regs", "smem B", "spill st/ld", "ms"
         );
     }
+    let specs = a.variant.load()?;
     for arch in &a.arch {
-        let generated = a.variant.generate(KernelFamily::for_arch(arch))?;
-        for (spec, plan, src) in &generated {
+        // Plan every declaration before compiling any, so a plan error stops the command
+        // before it prints a row.
+        let family = KernelFamily::for_arch(arch);
+        let plans = specs
+            .iter()
+            .map(|s| a.variant.plan(s, family))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (spec, plan) in specs.iter().zip(&plans) {
             if !plan.config.family.runs_on(arch) {
                 failed += 1;
                 eprintln!(
@@ -71,51 +81,8 @@ pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
                 arch: arch.clone(),
                 extra: a.nvrtc_opt.clone(),
             };
-            let result: Result<(std::sync::Arc<CompiledKernel>, &str), FlashError> = match &cache {
-                Some(c) => c.get_or_compile(src, &opts).map(|(k, o)| (k, o.as_str())),
-                None => compile(src, &opts).map(|k| (std::sync::Arc::new(k), "off")),
-            };
-            match result {
-                Ok((k, outcome)) => {
-                    let r = k.resources;
-                    let ms = if outcome == CacheOutcome::Miss.as_str() || outcome == "off" {
-                        k.compile_ms
-                    } else {
-                        0.0
-                    };
-                    if a.json {
-                        let rep = CompileReport {
-                            variant: &spec.name,
-                            kernel: &k.kernel_name,
-                            arch,
-                            registers: r.registers,
-                            smem_static: r.smem_static,
-                            smem_dynamic: src.smem_bytes,
-                            spill_stores: r.spill_stores,
-                            spill_loads: r.spill_loads,
-                            stack_frame: r.stack_frame,
-                            compile_ms: k.compile_ms,
-                            cache: outcome,
-                        };
-                        println!("{}", serde_json::to_string(&rep).unwrap_or_default());
-                    } else {
-                        println!(
-                            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  {}{}",
-                            spec.name,
-                            arch,
-                            r.registers,
-                            r.smem_static + src.smem_bytes,
-                            format!("{}/{}", r.spill_stores, r.spill_loads),
-                            if ms > 0.0 {
-                                format!("{ms:.1}")
-                            } else {
-                                "-".into()
-                            },
-                            outcome,
-                            if r.spills() { "  (spills!)" } else { "" },
-                        );
-                    }
-                }
+            match build(plan, &opts, cache.as_ref()) {
+                Ok((src, k, outcome)) => report(a, &spec.name, arch, &src, &k, outcome),
                 Err(e @ FlashError::LibraryNotFound { .. }) => return Err(e),
                 Err(e) => {
                     failed += 1;
@@ -129,4 +96,81 @@ pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Emits and compiles `plan`, returning the source, the kernel and how the cache answered
+/// (`off` without one). With a cache and no extra NVRTC options this is
+/// [`compile_plan`], the path the runtime and the tuner take; `compile_plan` takes no extra
+/// options, so `--nvrtc-opt` goes through the cache directly, and `--no-cache` compiles
+/// without one.
+fn build(
+    plan: &KernelPlan,
+    opts: &CompileOptions,
+    cache: Option<&KernelCache>,
+) -> Result<(CudaSource, Arc<CompiledKernel>, &'static str), FlashError> {
+    match cache {
+        Some(c) if opts.extra.is_empty() => {
+            compile_plan(plan, &opts.arch, c).map(|b| (b.source, b.compiled, b.outcome.as_str()))
+        }
+        Some(c) => {
+            let src = flash_dsl::emit(plan);
+            let (k, o) = c.get_or_compile(&src, opts)?;
+            Ok((src, k, o.as_str()))
+        }
+        None => {
+            let src = flash_dsl::emit(plan);
+            let k = compile(&src, opts)?;
+            Ok((src, Arc::new(k), "off"))
+        }
+    }
+}
+
+/// Prints one kernel's row (or JSON line). The `ms` column shows only time actually spent
+/// compiling now: a cache hit's `compile_ms` is that of the original compile.
+fn report(
+    a: &CompileArgs,
+    variant: &str,
+    arch: &str,
+    src: &CudaSource,
+    k: &CompiledKernel,
+    outcome: &str,
+) {
+    let r = k.resources;
+    let ms = if outcome == CacheOutcome::Miss.as_str() || outcome == "off" {
+        k.compile_ms
+    } else {
+        0.0
+    };
+    if a.json {
+        let rep = CompileReport {
+            variant,
+            kernel: &k.kernel_name,
+            arch,
+            registers: r.registers,
+            smem_static: r.smem_static,
+            smem_dynamic: src.smem_bytes,
+            spill_stores: r.spill_stores,
+            spill_loads: r.spill_loads,
+            stack_frame: r.stack_frame,
+            compile_ms: k.compile_ms,
+            cache: outcome,
+        };
+        println!("{}", serde_json::to_string(&rep).unwrap_or_default());
+    } else {
+        println!(
+            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  {}{}",
+            variant,
+            arch,
+            r.registers,
+            r.smem_static + src.smem_bytes,
+            format!("{}/{}", r.spill_stores, r.spill_loads),
+            if ms > 0.0 {
+                format!("{ms:.1}")
+            } else {
+                "-".into()
+            },
+            outcome,
+            if r.spills() { "  (spills!)" } else { "" },
+        );
+    }
 }

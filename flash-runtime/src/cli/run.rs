@@ -12,12 +12,15 @@
 //! given inline. O is written in the variant's dtype (bf16 as `'<V2'`, see `npy`) or as f32 with
 //! `--out-dtype f32`; the LSE `[batch, heads_q, seq_q]` as f32.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
+use cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flash_dsl::spec::{ParamKind, ScalarTy};
-use flash_dsl::DType;
+use flash_dsl::{DType, VariantSpec};
 
 use crate::error::FlashError;
 use crate::launch::{LseMut, Runtime, TensorMut, TensorRef};
@@ -82,33 +85,105 @@ enum ParamValue {
     File(NpyArray),
 }
 
+/// Maps a [`cudarc`] driver error to a [`FlashError`] naming what was being done.
+fn drv(what: &'static str) -> impl Fn(DriverError) -> FlashError {
+    move |e| FlashError::Driver(format!("{what}: {e:?}"))
+}
+
 /// Runs `flash run`.
 pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
-    let specs = a.variant.load()?;
-    let spec = match specs.as_slice() {
-        [s] => s.clone(),
-        _ => {
-            return Err(invalid(format!(
-                "{} declares {} variants ({}); pick one with --name",
-                a.variant.file.display(),
-                specs.len(),
-                specs
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )))
-        }
-    };
+    // Everything read from disk is checked before the GPU is touched, so a bad path or a
+    // misspelt param fails fast, without a context creation.
+    let spec = single_spec(a)?;
     let (q, k, v) = (
         NpyArray::read(&a.q)?,
         NpyArray::read(&a.k)?,
         NpyArray::read(&a.v)?,
     );
     let (qs, ks, vs) = (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?);
+    let given = read_params(&a.params, &spec)?;
 
-    let mut given = std::collections::HashMap::new();
-    for p in &a.params {
+    let rt = Runtime::new(a.gpu)?;
+    let family = rt.info().default_family;
+    let plan = a.variant.plan(&spec, family)?;
+    let kernel = rt.load(&spec, Some(plan.config))?;
+    let stream = rt.stream().clone();
+    let up = |x: &NpyArray| -> Result<_, FlashError> {
+        let bits = x.data.to_half_bits(spec.dtype);
+        stream
+            .clone_htod(&pad(bits))
+            .map_err(|e| FlashError::Driver(format!("copying an input to the GPU: {e:?}")))
+    };
+    let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
+    let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
+    let n_o: usize = o_shape.iter().product();
+    let n_lse = qs[0] * qs[2] * qs[1];
+    let mut o = stream
+        .alloc_zeros::<u16>(n_o.max(8))
+        .map_err(drv("allocating O"))?;
+    let mut lse = stream
+        .alloc_zeros::<f32>(n_lse.max(1))
+        .map_err(drv("allocating the LSE"))?;
+    let params = DeviceParams::upload(&spec, given, &stream)?;
+    let args = params.args(&stream);
+
+    {
+        let (tq, tk, tv) = (
+            TensorRef::new(&dq, qs, &stream),
+            TensorRef::new(&dk, ks, &stream),
+            TensorRef::new(&dv, vs, &stream),
+        );
+        let mut to = TensorMut::new(&mut o, o_shape, &stream);
+        let mut tl = LseMut::new(&mut lse, &stream);
+        rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
+    }
+    rt.synchronize()?;
+    let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;
+    let lse_host: Vec<f32> = stream
+        .clone_dtoh(&lse)
+        .map_err(drv("copying the LSE back"))?;
+    write_outputs(a, spec.dtype, o_shape, &o_host[..n_o], &lse_host[..n_lse])?;
+    eprintln!(
+        "ran {} ({}) on {}: q {:?}, k {:?}; kernel {} ms to load ({})",
+        spec.name,
+        kernel.plan.kernel_name,
+        rt.info().name,
+        qs,
+        ks,
+        kernel.load_ms.round(),
+        kernel.outcome.as_str()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The one declaration `flash run` runs: `--name` narrows a multi-variant file, and running
+/// several at once would need several sets of inputs, so more than one is an error listing
+/// them.
+fn single_spec(a: &RunArgs) -> Result<VariantSpec, FlashError> {
+    let specs = a.variant.load()?;
+    match specs.as_slice() {
+        [s] => Ok(s.clone()),
+        _ => Err(invalid(format!(
+            "{} declares {} variants ({}); pick one with --name",
+            a.variant.file.display(),
+            specs.len(),
+            specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// Parses the `--param` flags (reading `.npy` files) and rejects names the variant does not
+/// declare; whether each value fits its declaration is checked on upload, in declaration order.
+fn read_params(
+    params: &[String],
+    spec: &VariantSpec,
+) -> Result<HashMap<String, ParamValue>, FlashError> {
+    let mut given = HashMap::new();
+    for p in params {
         let (name, value) = p.split_once('=').ok_or_else(|| {
             invalid(format!(
                 "--param takes NAME=VALUE or NAME=FILE.npy; got `{p}`"
@@ -132,59 +207,69 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         };
         given.insert(name.to_string(), v);
     }
+    Ok(given)
+}
 
-    let rt = Runtime::new(a.gpu)?;
-    let family = rt.info().default_family;
-    let plan = a.variant.plan(&spec, family)?;
-    let kernel = rt.load(&spec, Some(plan.config))?;
-    let stream = rt.stream().clone();
-    let up = |x: &NpyArray| -> Result<_, FlashError> {
-        let bits = x.data.to_half_bits(spec.dtype);
-        stream
-            .clone_htod(&pad(bits))
-            .map_err(|e| FlashError::Driver(format!("copying an input to the GPU: {e:?}")))
-    };
-    let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
-    let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
-    let n_o: usize = o_shape.iter().product();
-    let n_lse = qs[0] * qs[2] * qs[1];
-    let drv = |what: &str| {
-        let what = what.to_string();
-        move |e| FlashError::Driver(format!("{what}: {e:?}"))
-    };
-    let mut o = stream
-        .alloc_zeros::<u16>(n_o.max(8))
-        .map_err(drv("allocating O"))?;
-    let mut lse = stream
-        .alloc_zeros::<f32>(n_lse.max(1))
-        .map_err(drv("allocating the LSE"))?;
+/// One declared param, ready to become a [`ParamArg`].
+enum Slot {
+    I32(i32),
+    F32(f32),
+    /// Index into the buffers, and the element count the user gave.
+    TI(usize, usize),
+    TF(usize, usize),
+}
 
-    // Params: device buffers live in `bufs_i32` / `bufs_f32` until the launch has finished.
-    let mut bufs_i32 = Vec::new();
-    let mut bufs_f32 = Vec::new();
-    enum Slot {
-        I32(i32),
-        F32(f32),
-        /// Index into the buffers, and the element count the user gave.
-        TI(usize, usize),
-        TF(usize, usize),
+/// The params on the device: tensor buffers live here until the launch has finished, since
+/// the [`ParamArg`]s handed to the launch borrow them.
+struct DeviceParams {
+    bufs_i32: Vec<CudaSlice<i32>>,
+    bufs_f32: Vec<CudaSlice<f32>>,
+    /// One per declared param, in declaration order.
+    slots: Vec<Slot>,
+}
+
+impl DeviceParams {
+    /// Checks every declared param was given with a value of its kind, converts it to the
+    /// declared element type and copies tensors to the GPU.
+    fn upload(
+        spec: &VariantSpec,
+        mut given: HashMap<String, ParamValue>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Self, FlashError> {
+        let mut dp = DeviceParams {
+            bufs_i32: Vec::new(),
+            bufs_f32: Vec::new(),
+            slots: Vec::new(),
+        };
+        for decl in &spec.params {
+            let v = given.remove(&decl.name).ok_or_else(|| {
+                invalid(format!(
+                    "param `{}` is missing: pass --param {}=...",
+                    decl.name, decl.name
+                ))
+            })?;
+            let slot = dp.slot(&decl.name, &decl.kind, v, stream)?;
+            dp.slots.push(slot);
+        }
+        Ok(dp)
     }
-    let mut slots = Vec::new();
-    for decl in &spec.params {
-        let v = given.remove(&decl.name).ok_or_else(|| {
-            invalid(format!(
-                "param `{}` is missing: pass --param {}=...",
-                decl.name, decl.name
-            ))
-        })?;
-        let slot = match (&decl.kind, v) {
+
+    /// One param's slot (uploading its tensor, if it is one); errors name the param.
+    fn slot(
+        &mut self,
+        name: &str,
+        kind: &ParamKind,
+        v: ParamValue,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Slot, FlashError> {
+        Ok(match (kind, v) {
             (ParamKind::Scalar(ScalarTy::I32), ParamValue::Scalar(s)) => Slot::I32(
                 s.parse()
-                    .map_err(|_| invalid(format!("param `{}` is an i32; got `{s}`", decl.name)))?,
+                    .map_err(|_| invalid(format!("param `{name}` is an i32; got `{s}`")))?,
             ),
             (ParamKind::Scalar(ScalarTy::F32), ParamValue::Scalar(s)) => Slot::F32(
                 s.parse()
-                    .map_err(|_| invalid(format!("param `{}` is an f32; got `{s}`", decl.name)))?,
+                    .map_err(|_| invalid(format!("param `{name}` is an f32; got `{s}`")))?,
             ),
             (
                 ParamKind::Tensor {
@@ -196,14 +281,14 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
                 let data = arr
                     .data
                     .to_i32()
-                    .map_err(|e| invalid(format!("param `{}`: {e}", decl.name)))?;
+                    .map_err(|e| invalid(format!("param `{name}`: {e}")))?;
                 let n = data.len();
-                bufs_i32.push(
+                self.bufs_i32.push(
                     stream
                         .clone_htod(&pad(data))
                         .map_err(drv("copying a param to the GPU"))?,
                 );
-                Slot::TI(bufs_i32.len() - 1, n)
+                Slot::TI(self.bufs_i32.len() - 1, n)
             }
             (
                 ParamKind::Tensor {
@@ -213,67 +298,64 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
                 ParamValue::File(arr),
             ) => {
                 let n = arr.data.len();
-                bufs_f32.push(
+                self.bufs_f32.push(
                     stream
                         .clone_htod(&pad(arr.data.to_f32()))
                         .map_err(drv("copying a param to the GPU"))?,
                 );
-                Slot::TF(bufs_f32.len() - 1, n)
+                Slot::TF(self.bufs_f32.len() - 1, n)
             }
             (ParamKind::Tensor { .. }, ParamValue::Scalar(s)) => {
                 return Err(invalid(format!(
-                    "param `{}` is a tensor: pass --param {}=FILE.npy; got `{s}`",
-                    decl.name, decl.name
+                    "param `{name}` is a tensor: pass --param {name}=FILE.npy; got `{s}`"
                 )))
             }
             (ParamKind::Scalar(_), ParamValue::File(_)) => {
                 return Err(invalid(format!(
-                    "param `{}` is a scalar: pass --param {}=VALUE",
-                    decl.name, decl.name
+                    "param `{name}` is a scalar: pass --param {name}=VALUE"
                 )))
             }
-        };
-        slots.push(slot);
-    }
-    let args: Vec<ParamArg<'_>> = slots
-        .iter()
-        .map(|s| match s {
-            Slot::I32(x) => ParamArg::I32(*x),
-            Slot::F32(x) => ParamArg::F32(*x),
-            Slot::TI(i, len) => {
-                let mut p = ParamArg::tensor_i32(&bufs_i32[*i], &stream);
-                if let ParamArg::Tensor { len: l, .. } = &mut p {
-                    *l = *len;
-                }
-                p
-            }
-            Slot::TF(i, len) => {
-                let mut p = ParamArg::tensor_f32(&bufs_f32[*i], &stream);
-                if let ParamArg::Tensor { len: l, .. } = &mut p {
-                    *l = *len;
-                }
-                p
-            }
         })
-        .collect();
-
-    {
-        let (tq, tk, tv) = (
-            TensorRef::new(&dq, qs, &stream),
-            TensorRef::new(&dk, ks, &stream),
-            TensorRef::new(&dv, vs, &stream),
-        );
-        let mut to = TensorMut::new(&mut o, o_shape, &stream);
-        let mut tl = LseMut::new(&mut lse, &stream);
-        rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
     }
-    rt.synchronize()?;
-    let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;
-    let lse_host: Vec<f32> = stream
-        .clone_dtoh(&lse)
-        .map_err(drv("copying the LSE back"))?;
-    let o_host = o_host[..n_o].to_vec();
-    let o_data = match (a.out_dtype, spec.dtype) {
+
+    /// The launch arguments, in declaration order. Tensors report the user's element count,
+    /// not the padded buffer's, so the launch checks see the logical length.
+    fn args(&self, stream: &CudaStream) -> Vec<ParamArg<'_>> {
+        self.slots
+            .iter()
+            .map(|s| match s {
+                Slot::I32(x) => ParamArg::I32(*x),
+                Slot::F32(x) => ParamArg::F32(*x),
+                Slot::TI(i, len) => {
+                    with_len(ParamArg::tensor_i32(&self.bufs_i32[*i], stream), *len)
+                }
+                Slot::TF(i, len) => {
+                    with_len(ParamArg::tensor_f32(&self.bufs_f32[*i], stream), *len)
+                }
+            })
+            .collect()
+    }
+}
+
+/// `p` with the element count `len` (a tensor's logical length; scalars pass through).
+fn with_len(mut p: ParamArg<'_>, len: usize) -> ParamArg<'_> {
+    if let ParamArg::Tensor { len: l, .. } = &mut p {
+        *l = len;
+    }
+    p
+}
+
+/// Writes O (in the variant's dtype, or f32 with `--out-dtype f32`) and, with `--lse`, the LSE
+/// as `[batch, heads_q, seq_q]` f32.
+fn write_outputs(
+    a: &RunArgs,
+    dtype: DType,
+    o_shape: [usize; 4],
+    o_host: &[u16],
+    lse_host: &[f32],
+) -> Result<(), FlashError> {
+    let o_host = o_host.to_vec();
+    let o_data = match (a.out_dtype, dtype) {
         (OutDType::Same, DType::Bf16) => NpyData::Bf16(o_host),
         (OutDType::Same, DType::F16) => NpyData::F16(o_host),
         (OutDType::F32, dtype) => {
@@ -282,23 +364,10 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     };
     NpyArray::new(o_shape.to_vec(), o_data)?.write(&a.out)?;
     if let Some(p) = &a.lse {
-        NpyArray::new(
-            vec![qs[0], qs[2], qs[1]],
-            NpyData::F32(lse_host[..n_lse].to_vec()),
-        )?
-        .write(p)?;
+        let [batch, seq_q, heads_q, _] = o_shape;
+        NpyArray::new(vec![batch, heads_q, seq_q], NpyData::F32(lse_host.to_vec()))?.write(p)?;
     }
-    eprintln!(
-        "ran {} ({}) on {}: q {:?}, k {:?}; kernel {} ms to load ({})",
-        spec.name,
-        kernel.plan.kernel_name,
-        rt.info().name,
-        qs,
-        ks,
-        kernel.load_ms.round(),
-        kernel.outcome.as_str()
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Never allocates zero elements (the driver refuses empty allocations); the launch checks use

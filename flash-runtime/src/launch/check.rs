@@ -143,8 +143,9 @@ pub fn resolve_extents(plan: &KernelPlan, args: &[OperandArg]) -> Result<Extents
             }
         }
     }
+    // GQA/MQA: only kernels that read K/V heads bind heads_kv.
     let (hq, hkv) = (ext.get(Extent::HeadsQ), ext.get(Extent::HeadsKv));
-    if hkv == 0 || hq % hkv != 0 {
+    if ext.values.contains_key(&Extent::HeadsKv) && (hkv == 0 || hq % hkv != 0) {
         return Err(invalid(format!(
             "heads_q {hq} must be a multiple of heads_kv {hkv}"
         )));

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
-use flash_dsl::plan::KernelFamily;
+use flash_dsl::plan::{KernelFamily, KernelKind};
 use flash_dsl::{KernelPlan, TileConfig, VariantSpec};
 
 use crate::build::load_module;
@@ -38,6 +38,7 @@ use crate::libs;
 use crate::prepared::PreparedLaunch;
 use crate::variant::{ParamArg, Variant};
 
+pub mod backward;
 pub mod check;
 pub mod pack;
 pub mod tensor;
@@ -95,8 +96,8 @@ pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, Fla
     Ok(family)
 }
 
-/// Loaded kernels by the (spec, forced configuration) they were loaded for.
-type KernelMemo = HashMap<(VariantSpec, Option<TileConfig>), Arc<LoadedKernel>>;
+/// Loaded kernels by the (kind, spec, forced configuration) they were loaded for.
+type KernelMemo = HashMap<(KernelKind, VariantSpec, Option<TileConfig>), Arc<LoadedKernel>>;
 
 /// One CUDA context and stream on one GPU, with its kernel cache.
 pub struct Runtime {
@@ -228,12 +229,25 @@ impl Runtime {
         spec: &VariantSpec,
         config: Option<TileConfig>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
-        let key = (spec.clone(), config);
+        self.load_kind(KernelKind::Forward, spec, config, || {
+            self.plan(spec, config)
+        })
+    }
+
+    /// The memoised load behind [`Runtime::load`] and the backward pass: `plan` runs only on
+    /// the first load of (kind, spec, config).
+    pub(crate) fn load_kind(
+        &self,
+        kind: KernelKind,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+        plan: impl FnOnce() -> Result<KernelPlan, FlashError>,
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let key = (kind, spec.clone(), config);
         if let Some(k) = self.lock_kernels().get(&key) {
             return Ok(k.clone());
         }
-        let plan = self.plan(spec, config)?;
-        let k = Arc::new(load_module(plan, &self.ctx, &self.info, &self.cache)?);
+        let k = Arc::new(load_module(plan()?, &self.ctx, &self.info, &self.cache)?);
         Ok(self.lock_kernels().entry(key).or_insert(k).clone())
     }
 
@@ -254,7 +268,7 @@ impl Runtime {
         lse: &mut LseMut<'_>,
         params: &[ParamArg<'_>],
     ) -> Result<(), FlashError> {
-        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params)?;
+        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params, &[])?;
         self.launch_checked(&launch)
     }
 
@@ -363,7 +377,7 @@ impl Runtime {
         warmup: usize,
         iters: usize,
     ) -> Result<f32, FlashError> {
-        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params)?;
+        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params, &[])?;
         for _ in 0..warmup {
             self.launch_checked(&launch)?;
         }
@@ -413,6 +427,7 @@ impl Runtime {
         kernel: &'a LoadedKernel,
         operands: &[OperandArg],
         params: &[ParamArg<'_>],
+        grads: &[Option<ParamArg<'_>>],
     ) -> Result<PreparedLaunch<'a>, FlashError> {
         let plan = &kernel.plan;
         let ext = check::resolve_extents(plan, operands)?;
@@ -436,7 +451,7 @@ impl Runtime {
                 self.info.max_smem_optin
             )));
         }
-        let packed = pack::pack_args(plan, operands, &ext, params)?;
+        let packed = pack::pack_args(plan, operands, &ext, params, grads)?;
         for (name, ptr, len) in &packed.param_regions {
             self.check_allocation(name, *ptr, *len)?;
         }

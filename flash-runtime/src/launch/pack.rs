@@ -18,12 +18,15 @@ pub struct Packed {
     pub param_regions: Vec<(String, u64, usize)>,
 }
 
-/// Writes every field of `plan.args`. `operands` were checked against the plan (same order).
+/// Writes every field of `plan.args`. `operands` were checked against the plan (same order);
+/// `grads` holds, by param index, the gradient buffer of each parameter the plan adds into
+/// (backward kernels; empty otherwise).
 pub fn pack_args(
     plan: &KernelPlan,
     operands: &[OperandArg],
     ext: &Extents,
     params: &[ParamArg<'_>],
+    grads: &[Option<ParamArg<'_>>],
 ) -> Result<Packed, FlashError> {
     let spec = &plan.spec;
     let mut bytes = vec![0u8; plan.args.total_size as usize];
@@ -33,7 +36,18 @@ pub fn pack_args(
         seq_q: ext.get(Extent::SeqQ),
         seq_k: ext.get(Extent::SeqK),
     };
-    let param_regions = check_params(plan, sizes, params)?;
+    // Kernels that never read the params (backward pre-processing, dQ conversion) take none.
+    let reads_params = plan
+        .args
+        .slots
+        .iter()
+        .any(|s| matches!(s.field, ArgField::Param(_)));
+    let mut param_regions = if reads_params {
+        check_params(plan, sizes, params)?
+    } else {
+        Vec::new()
+    };
+    param_regions.extend(check_grads(plan, sizes, grads)?);
     for slot in &plan.args.slots {
         let at = slot.offset as usize;
         let out = &mut bytes[at..at + slot.size as usize];
@@ -54,6 +68,10 @@ pub fn pack_args(
                 ParamArg::I32(x) => out.copy_from_slice(&x.to_le_bytes()),
                 ParamArg::F32(x) => out.copy_from_slice(&x.to_le_bytes()),
                 ParamArg::Tensor { ptr, .. } => out.copy_from_slice(&ptr.to_le_bytes()),
+            },
+            ArgField::ParamGrad(i) => match grads.get(i) {
+                Some(Some(ParamArg::Tensor { ptr, .. })) => out.copy_from_slice(&ptr.to_le_bytes()),
+                _ => unreachable!("check_grads found a buffer for every gradient field"),
             },
             ArgField::Tma(i) => {
                 let op = &plan.operands[i];
@@ -163,6 +181,55 @@ pub fn check_params(
                     "param `{}` must be {want}; got {got}",
                     decl.name
                 )));
+            }
+        }
+    }
+    Ok(regions)
+}
+
+/// Checks the gradient buffers the plan adds into: an f32 tensor per gradient field, as long as
+/// the parameter (one element for a scalar), 4-byte aligned. Returns their regions.
+pub fn check_grads(
+    plan: &KernelPlan,
+    sizes: Sizes,
+    grads: &[Option<ParamArg<'_>>],
+) -> Result<Vec<(String, u64, usize)>, FlashError> {
+    let mut regions = Vec::new();
+    for slot in &plan.args.slots {
+        let ArgField::ParamGrad(i) = slot.field else {
+            continue;
+        };
+        let decl = &plan.spec.params[i];
+        let need: usize = match &decl.kind {
+            ParamKind::Scalar(_) => 1,
+            ParamKind::Tensor { dims, .. } => tensor_shape(dims, sizes).iter().product(),
+        };
+        match grads.get(i) {
+            Some(Some(ParamArg::Tensor {
+                ptr,
+                len,
+                elem: ScalarTy::F32,
+                ..
+            })) => {
+                if *len < need {
+                    return Err(invalid(format!(
+                        "the gradient of `{}` has {len} elements; the parameter has {need}",
+                        decl.name
+                    )));
+                }
+                if !ptr.is_multiple_of(4) {
+                    return Err(invalid(format!(
+                        "the gradient of `{}` at {ptr:#x} is not 4-byte aligned",
+                        decl.name
+                    )));
+                }
+                regions.push((format!("the gradient of `{}`", decl.name), *ptr, need * 4));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "`{}` is an f32 parameter the score depends on: its gradient needs an f32 buffer of {need} elements",
+                    decl.name
+                )))
             }
         }
     }

@@ -212,7 +212,7 @@ fn args_are_packed_at_the_layout_offsets() {
         ParamArg::raw_tensor(0x2000, 300, ScalarTy::I32),
         ParamArg::I32(7),
     ];
-    let p = pack::pack_args(&plan, &ops, &ext, &params).unwrap();
+    let p = pack::pack_args(&plan, &ops, &ext, &params, &[]).unwrap();
     assert_eq!(p.bytes.len(), plan.args.total_size as usize);
     assert_eq!(
         p.param_regions,

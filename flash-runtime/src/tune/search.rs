@@ -7,8 +7,9 @@ use std::time::Instant;
 use flash_dsl::plan::{default_config_for, KernelFamily};
 use flash_dsl::{TileConfig, VariantSpec};
 
+use crate::build::compile_plan;
 use crate::cache::KernelCache;
-use crate::compile::{CompileOptions, Resources};
+use crate::compile::Resources;
 use crate::error::FlashError;
 
 use super::space::{config_label, prune, Candidate, Status};
@@ -100,9 +101,32 @@ pub fn tune(
     let start = Instant::now();
     let default = default_config_for(spec, opts.family.unwrap_or(KernelFamily::for_arch(arch)));
     let mut cands = prune(spec, arch, opts.family, opts.max_smem, &opts.exclude);
-    // Configurations that are merely layout-invalid are not worth a table row each: keep the
-    // rows but report them through progress as one line per reason class only when few.
-    for c in &cands {
+    report_pruned(&cands, progress);
+    compile_survivors(spec, &mut cands, opts.threads, compiler, progress);
+    time_survivors(&mut cands, &default, opts.flops, timer, progress)?;
+    let Some(w) = check_fastest_first(&mut cands, timer)? else {
+        return Err(no_survivor(spec, &cands));
+    };
+    let default_ms = cands
+        .iter()
+        .find(|c| c.config == default)
+        .and_then(|c| c.ms);
+    let w = keep_default_within_noise(&mut cands, w, &default, default_ms, opts.min_gain, timer);
+    Ok(TuneResult {
+        default,
+        default_ms,
+        winner: cands[w].config,
+        winner_ms: cands[w].ms.expect("timed"),
+        candidates: cands,
+        tune_s: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Reports the candidates pruned before compiling. Configurations that are merely
+/// layout-invalid are not worth a progress line each: they keep their table rows, but only
+/// the other reasons (shared memory, exclusions) are reported.
+fn report_pruned(cands: &[Candidate], progress: &mut dyn FnMut(&Progress)) {
+    for c in cands {
         if let Status::Pruned(why) = &c.status {
             if !why.starts_with("layout") {
                 progress(&Progress::Pruned {
@@ -112,17 +136,27 @@ pub fn tune(
             }
         }
     }
+}
 
-    // Compile the survivors in parallel.
+/// Compiles the surviving candidates in parallel (compiles dominate the search's time),
+/// recording ptxas's figures, then prunes those that spill: a spilling kernel is never the
+/// fastest, and timing it would only cost device time.
+fn compile_survivors(
+    spec: &VariantSpec,
+    cands: &mut [Candidate],
+    threads: usize,
+    compiler: &dyn Compiler,
+    progress: &mut dyn FnMut(&Progress),
+) {
     let todo: Vec<usize> = (0..cands.len())
         .filter(|&i| cands[i].status == Status::Ok)
         .collect();
-    let threads = if opts.threads == 0 {
+    let threads = if threads == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     } else {
-        opts.threads
+        threads
     }
     .clamp(1, todo.len().max(1));
     let next = AtomicUsize::new(0);
@@ -132,7 +166,7 @@ pub fn tune(
         let (tx, rx) = std::sync::mpsc::channel();
         for _ in 0..threads {
             let tx = tx.clone();
-            let (next, todo, cands) = (&next, &todo, &cands);
+            let (next, todo, cands) = (&next, &todo, &*cands);
             s.spawn(move || loop {
                 let j = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&i) = todo.get(j) else { break };
@@ -170,113 +204,130 @@ pub fn tune(
             Err(e) => c.status = Status::CompileFailed(e),
         }
     }
+}
 
-    // Time: the default first (it is the baseline, and the GPU timer's reference).
+/// The abort error for a failure after which the device can no longer run anything.
+fn context_lost(cfg: &TileConfig, e: &str, h: &str) -> FlashError {
+    FlashError::Driver(format!("{CONTEXT_LOST}{}: {e} ({h})", config_label(cfg)))
+}
+
+/// Times every compiled candidate, the default first: it is the baseline, and the GPU timer's
+/// reference. A failed timing marks the candidate; one that kills the context aborts the search,
+/// since every later timing would fail too.
+fn time_survivors(
+    cands: &mut [Candidate],
+    default: &TileConfig,
+    flops: f64,
+    timer: &mut dyn Timer,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(), FlashError> {
     let mut order: Vec<usize> = (0..cands.len())
         .filter(|&i| cands[i].status == Status::Ok)
         .collect();
-    order.sort_by_key(|&i| cands[i].config != default);
+    order.sort_by_key(|&i| cands[i].config != *default);
     let total = order.len();
     for (n, &i) in order.iter().enumerate() {
         let c = &mut cands[i];
         match timer.time(&c.config) {
             Ok(ms) => {
                 c.ms = Some(ms);
-                if opts.flops > 0.0 && ms > 0.0 {
-                    c.tflops = Some(opts.flops / (ms * 1e-3) / 1e12);
+                if flops > 0.0 && ms > 0.0 {
+                    c.tflops = Some(flops / (ms * 1e-3) / 1e12);
                 }
             }
             Err(e) => {
                 c.status = Status::Failed(e.clone());
                 if let Err(h) = timer.healthy() {
-                    return Err(FlashError::Driver(format!(
-                        "{CONTEXT_LOST}{}: {e} ({h})",
-                        config_label(&c.config)
-                    )));
+                    return Err(context_lost(&c.config, &e, &h));
                 }
             }
         }
         progress(&Progress::Timed { done: n + 1, total });
     }
+    Ok(())
+}
 
-    // Check fastest first; the first that passes wins.
+/// Checks the timed candidates fastest first; the first that passes wins (checking is slower
+/// than timing, so only as many as needed are checked). `None` when none passes.
+fn check_fastest_first(
+    cands: &mut [Candidate],
+    timer: &mut dyn Timer,
+) -> Result<Option<usize>, FlashError> {
     let mut timed: Vec<usize> = (0..cands.len())
         .filter(|&i| cands[i].status == Status::Ok && cands[i].ms.is_some())
         .collect();
     timed.sort_by(|&a, &b| cands[a].ms.partial_cmp(&cands[b].ms).expect("finite"));
-    let mut winner = None;
     for &i in &timed {
         match timer.check(&cands[i].config) {
             Ok(()) => {
                 cands[i].status = Status::Winner;
-                winner = Some(i);
-                break;
+                return Ok(Some(i));
             }
             Err(e) => {
                 if let Err(h) = timer.healthy() {
-                    return Err(FlashError::Driver(format!(
-                        "{CONTEXT_LOST}{}: {e} ({h})",
-                        config_label(&cands[i].config)
-                    )));
+                    return Err(context_lost(&cands[i].config, &e, &h));
                 }
                 cands[i].status = Status::Wrong(e)
             }
         }
     }
-    let Some(w) = winner else {
-        // Say why, one example per kind of failure.
-        let mut why: Vec<String> = Vec::new();
-        for c in &cands {
-            let kind = match &c.status {
-                Status::Pruned(w) if w.starts_with("layout") => continue,
-                Status::Pruned(_) => "pruned",
-                Status::CompileFailed(_) => "compile failed",
-                Status::Failed(_) => "failed",
-                Status::Wrong(_) => "wrong",
-                Status::Ok | Status::Winner => continue,
-            };
-            if !why.iter().any(|w| w.starts_with(kind)) {
-                why.push(format!(
-                    "{kind} (e.g. {}: {})",
-                    config_label(&c.config),
-                    c.status.short()
-                ));
-            }
-        }
-        return Err(invalid(format!(
-            "no candidate of `{}` survived tuning ({} considered): {}",
-            spec.name,
-            cands.len(),
-            why.join("; ")
-        )));
-    };
-    let default_ms = cands
-        .iter()
-        .find(|c| c.config == default)
-        .and_then(|c| c.ms);
-    // Keep the default when the winner's gain is within the noise margin.
-    let mut w = w;
-    if let (Some(d), Some(di)) = (default_ms, cands.iter().position(|c| c.config == default)) {
-        let wm = cands[w].ms.expect("timed");
-        if di != w && cands[di].status == Status::Ok && d <= wm * (1.0 + opts.min_gain) {
-            match timer.check(&default) {
-                Ok(()) => {
-                    cands[w].status = Status::Ok;
-                    cands[di].status = Status::Winner;
-                    w = di;
-                }
-                Err(e) => cands[di].status = Status::Wrong(e),
-            }
+    Ok(None)
+}
+
+/// The error when no candidate survived: one example per kind of failure, so that the user
+/// sees why without a table of every candidate.
+fn no_survivor(spec: &VariantSpec, cands: &[Candidate]) -> FlashError {
+    let mut why: Vec<String> = Vec::new();
+    for c in cands {
+        let kind = match &c.status {
+            Status::Pruned(w) if w.starts_with("layout") => continue,
+            Status::Pruned(_) => "pruned",
+            Status::CompileFailed(_) => "compile failed",
+            Status::Failed(_) => "failed",
+            Status::Wrong(_) => "wrong",
+            Status::Ok | Status::Winner => continue,
+        };
+        if !why.iter().any(|w| w.starts_with(kind)) {
+            why.push(format!(
+                "{kind} (e.g. {}: {})",
+                config_label(&c.config),
+                c.status.short()
+            ));
         }
     }
-    Ok(TuneResult {
-        default,
-        default_ms,
-        winner: cands[w].config,
-        winner_ms: cands[w].ms.expect("timed"),
-        candidates: cands,
-        tune_s: start.elapsed().as_secs_f64(),
-    })
+    invalid(format!(
+        "no candidate of `{}` survived tuning ({} considered): {}",
+        spec.name,
+        cands.len(),
+        why.join("; ")
+    ))
+}
+
+/// Keeps the default when the winner `w`'s gain is within the noise margin `min_gain` (see
+/// [`TuneOptions::min_gain`]) and the default passes its check; returns the final winner.
+fn keep_default_within_noise(
+    cands: &mut [Candidate],
+    w: usize,
+    default: &TileConfig,
+    default_ms: Option<f64>,
+    min_gain: f64,
+    timer: &mut dyn Timer,
+) -> usize {
+    let (Some(d), Some(di)) = (default_ms, cands.iter().position(|c| c.config == *default)) else {
+        return w;
+    };
+    let wm = cands[w].ms.expect("timed");
+    if di != w && cands[di].status == Status::Ok && d <= wm * (1.0 + min_gain) {
+        match timer.check(default) {
+            Ok(()) => {
+                cands[w].status = Status::Ok;
+                cands[di].status = Status::Winner;
+                return di;
+            }
+            Err(e) => cands[di].status = Status::Wrong(e),
+        }
+    }
+    w
 }
 
 /// Compiles through a kernel cache (thread-safe, shared by processes).
@@ -288,11 +339,7 @@ pub struct CacheCompiler<'a> {
 impl Compiler for CacheCompiler<'_> {
     fn compile(&self, spec: &VariantSpec, cfg: &TileConfig) -> Result<Resources, String> {
         let plan = flash_dsl::plan(spec, Some(*cfg)).map_err(|e| e.to_string())?;
-        let src = flash_dsl::emit(&plan);
-        let (k, _) = self
-            .cache
-            .get_or_compile(&src, &CompileOptions::new(self.arch.clone()))
-            .map_err(|e| e.to_string())?;
-        Ok(k.resources)
+        let built = compile_plan(&plan, &self.arch, self.cache).map_err(|e| e.to_string())?;
+        Ok(built.compiled.resources)
     }
 }

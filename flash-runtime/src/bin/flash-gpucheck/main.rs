@@ -1,8 +1,12 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward] [--json OUT.json]
 //! ```
+//!
+//! **Backward** (`--backward`): every declaration at head dims 64, 96, 128 in bf16 and f16 over
+//! a shape matrix (seq 1…300, seq_q ≠ seq_k both ways, MHA/GQA/MQA), gradients against the
+//! float64 gradient reference (see `backward.rs` for the rule).
 //!
 //! **Check.** Every declaration of every `DIR/*.flash` (default `examples/variants`), at head dims
 //! 64, 96 and 128 (bf16 and f16 for `Dense` and `Causal`, the declared dtype otherwise), over
@@ -19,6 +23,8 @@
 //! (d 128, 16 heads, bf16), CUDA events, median; FLOPs counted as peers.py does. Also cold
 //! NVRTC compile and warm disk-cache load latency. Rows go to `--json`.
 
+mod backward;
+mod bwd_timing;
 mod cases;
 mod device;
 mod judge;
@@ -123,7 +129,7 @@ fn check(
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut dir = PathBuf::from("examples/variants");
-    let (mut small, mut do_check, mut do_time) = (false, true, true);
+    let (mut small, mut do_check, mut do_time, mut do_bwd) = (false, true, true, false);
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -134,9 +140,10 @@ fn main() -> ExitCode {
             }
             "--no-check" => do_check = false,
             "--no-time" => do_time = false,
+            "--backward" => do_bwd = true,
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -181,11 +188,41 @@ fn main() -> ExitCode {
         println!("# correctness: {} passed, {fails} failed of {n}", n - fails);
         failed |= fails > 0;
     }
+    if do_bwd {
+        let (mut n, mut fails) = (0, 0);
+        for spec in &specs {
+            for dt in [DType::Bf16, DType::F16] {
+                let dims: &[u32] = if small { &[64, 128] } else { &[64, 96, 128] };
+                for &d in dims {
+                    for (ok, line) in
+                        backward::check_backward(&rt, &with(spec, d, dt), 7 + n as u64)
+                    {
+                        n += 1;
+                        if !ok {
+                            fails += 1;
+                        }
+                        println!("{line}");
+                    }
+                }
+            }
+        }
+        println!(
+            "# backward correctness: {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
+    }
     if do_time {
         let mut rows = Vec::new();
         if let Err(e) = timing(&rt, &specs, &mut rows) {
             println!("# timing failed: {e}");
             failed = true;
+        }
+        if do_bwd {
+            if let Err(e) = bwd_timing::timing_backward(&rt, &specs, &mut rows) {
+                println!("# backward timing failed: {e}");
+                failed = true;
+            }
         }
         if let Some(p) = &json_out {
             let text = serde_json::to_string_pretty(&rows).expect("rows serialise");

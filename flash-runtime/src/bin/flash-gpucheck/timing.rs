@@ -13,7 +13,7 @@ use crate::device::{param_args, upload_params};
 use crate::variants::{precompile, with};
 
 /// Fraction of visible (q, k) pairs of a peers.py variant workload at `n × n`.
-fn density(variant: &str, n: usize, docs: &[i64]) -> f64 {
+pub(crate) fn density(variant: &str, n: usize, docs: &[i64]) -> f64 {
     let total = (n * n) as f64;
     let causal = (n * (n + 1) / 2) as f64;
     match variant {

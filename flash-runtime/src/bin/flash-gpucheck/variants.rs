@@ -29,7 +29,6 @@ pub fn with(spec: &VariantSpec, d: u32, dt: DType) -> VariantSpec {
 pub fn precompile(rt: &Runtime, specs: &[(VariantSpec, Option<TileConfig>)]) {
     let next = AtomicUsize::new(0);
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let opts = flash_runtime::CompileOptions::new(rt.info().arch.clone());
     std::thread::scope(|sc| {
         for _ in 0..threads.min(specs.len()) {
             sc.spawn(|| loop {
@@ -38,7 +37,8 @@ pub fn precompile(rt: &Runtime, specs: &[(VariantSpec, Option<TileConfig>)]) {
                     break;
                 };
                 if let Ok(plan) = rt.plan(spec, *cfg) {
-                    if let Err(e) = rt.cache().get_or_compile(&flash_dsl::emit(&plan), &opts) {
+                    if let Err(e) = flash_runtime::compile_plan(&plan, &rt.info().arch, rt.cache())
+                    {
                         eprintln!("compile {}: {e}", plan.kernel_name);
                     }
                 }

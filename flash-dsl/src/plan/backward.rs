@@ -1,0 +1,204 @@
+//! The backward pass: three kernels, FlashAttention-2 style, planned from the same spec (same
+//! mask analysis, same tile classes) as the forward.
+//!
+//! 1. [`KernelKind::BackwardPre`]: `delta = rowsum(dO ∘ O)` per query row, and zeroes the fp32
+//!    dQ accumulator, one block per query tile.
+//! 2. [`KernelKind::BackwardMain`]: one block per (key tile, KV head, batch) holds K_j and V_j
+//!    and walks the query tiles of every query head of its group, skipping the tiles the mask
+//!    classification finds empty; it recomputes P from Q, K and the LSE, accumulates dV += Pᵀ·dO
+//!    and dK += dSᵀ·Q in registers (so GQA's sum over the group is a register sum, and dK/dV are
+//!    deterministic), and adds dQ += dS·K into the fp32 accumulator with atomics. Gradients of
+//!    the score's `f32` parameters are added into one fp32 buffer per parameter.
+//! 3. [`KernelKind::DqConvert`]: the fp32 accumulator into dQ in the storage type.
+
+use super::mask::analyse_mask;
+use super::operand::{
+    arg_layout_with, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
+};
+use super::tile::{KernelFamily, PlanError, TileConfig};
+use super::{forward::ATTENTION_SCALARS, kernel_name, KernelKind, KernelPlan, Pipeline};
+use crate::deriv::score_gradient;
+use crate::spec::{ParamKind, ScalarTy, VariantSpec};
+
+use Extent::*;
+
+/// Query rows per block of the pre-processing and convert kernels.
+pub const ROWS_PER_BLOCK: u32 = 64;
+
+/// The default backward configuration: 64 keys per block (4 warps of 16 keys), 64 queries per
+/// step.
+pub fn default_backward_config() -> TileConfig {
+    TileConfig {
+        block_m: 64,
+        block_n: 64,
+        warps: 4,
+        stages: 1,
+        family: KernelFamily::Sm80,
+    }
+}
+
+/// Checks that the backward skeleton supports `cfg` for `spec`'s head dims.
+pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    super::tile::config_is_valid(spec, cfg)?;
+    if cfg.family != KernelFamily::Sm80 {
+        return Err(PlanError::BackwardFamily(cfg.family));
+    }
+    if (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages) != (64, 64, 4, 1)
+        || spec.head_dim_qk > 128
+        || spec.head_dim_v > 128
+    {
+        return Err(PlanError::Backward {
+            block_m: cfg.block_m,
+            block_n: cfg.block_n,
+            warps: cfg.warps,
+            stages: cfg.stages,
+            dqk: spec.head_dim_qk,
+            dv: spec.head_dim_v,
+        });
+    }
+    Ok(())
+}
+
+/// The `f32` parameters whose gradient the main kernel accumulates (those the score reads and
+/// depends on), by param index.
+pub fn grad_params(spec: &VariantSpec) -> Vec<usize> {
+    let mut out: Vec<usize> = score_gradient(spec)
+        .map(|g| g.params.iter().map(|p| p.param).collect())
+        .unwrap_or_default();
+    out.sort_unstable();
+    out.dedup();
+    out.retain(|&i| match &spec.params[i].kind {
+        ParamKind::Scalar(t) => *t == ScalarTy::F32,
+        ParamKind::Tensor { elem, .. } => *elem == ScalarTy::F32,
+    });
+    out
+}
+
+fn strided(name: &str, role: Role, spec: &VariantSpec, dims: &[Extent]) -> Operand {
+    Operand::new(
+        name,
+        role,
+        OperandType::Storage(spec.dtype),
+        dims,
+        Layout::Strided,
+    )
+}
+
+fn flat_f32(name: &str, role: Role, dims: &[Extent]) -> Operand {
+    Operand::new(name, role, OperandType::F32, dims, Layout::Contiguous)
+}
+
+fn rows_plan(
+    spec: &VariantSpec,
+    kind: KernelKind,
+    operands: Vec<Operand>,
+) -> Result<KernelPlan, PlanError> {
+    let config = TileConfig {
+        block_m: ROWS_PER_BLOCK,
+        block_n: 64,
+        warps: 4,
+        stages: 1,
+        family: KernelFamily::Sm80,
+    };
+    let args = arg_layout_with(spec, &operands, &ATTENTION_SCALARS, &[], false);
+    Ok(KernelPlan {
+        kind,
+        spec: spec.clone(),
+        config,
+        args,
+        operands,
+        launch: LaunchShape {
+            grid: GridRule::QueryTiles {
+                rows: ROWS_PER_BLOCK,
+            },
+            threads: 128,
+            smem_bytes: 0,
+        },
+        mask: None,
+        kernel_name: kernel_name(kind, spec, &config),
+    })
+}
+
+/// `delta = rowsum(dO ∘ O)` and a zeroed dQ accumulator.
+pub fn plan_backward_pre(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
+    rows_plan(
+        spec,
+        KernelKind::BackwardPre,
+        vec![
+            strided("o", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
+            strided("dout", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
+            flat_f32("delta", Role::Output, &[Batch, HeadsQ, SeqQ]),
+            flat_f32("dq_accum", Role::Output, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+        ],
+    )
+}
+
+/// The fp32 dQ accumulator into dQ.
+pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
+    rows_plan(
+        spec,
+        KernelKind::DqConvert,
+        vec![
+            flat_f32("dq_accum", Role::Input, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+            strided("dq", Role::Output, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+        ],
+    )
+}
+
+/// Shared memory of the main kernel: K and V of the block, Q and dO of the step (rows padded to
+/// 64 elements for the swizzle), dSᵀ (block_n × block_m), and the step's LSE and delta.
+pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    let pad = |d: u32| d.div_ceil(64) * 64;
+    let elem = spec.dtype.size() as u32;
+    let (dqk, dv) = (pad(spec.head_dim_qk), pad(spec.head_dim_v));
+    elem * ((cfg.block_n + cfg.block_m) * (dqk + dv) + cfg.block_n * cfg.block_m)
+        + 2 * 4 * cfg.block_m
+}
+
+/// The main backward kernel.
+pub fn plan_backward_main(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    backward_config_is_valid(spec, &config)?;
+    let operands = vec![
+        strided("q", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+        strided("k", Role::Input, spec, &[Batch, SeqK, HeadsKv, HeadDimQk]),
+        strided("v", Role::Input, spec, &[Batch, SeqK, HeadsKv, HeadDimV]),
+        strided("dout", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
+        flat_f32("lse", Role::Input, &[Batch, HeadsQ, SeqQ]),
+        flat_f32("delta", Role::Input, &[Batch, HeadsQ, SeqQ]),
+        flat_f32("dq_accum", Role::Output, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+        strided("dk", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimQk]),
+        strided("dv", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimV]),
+    ];
+    let grads: Vec<ArgField> = grad_params(spec)
+        .into_iter()
+        .map(ArgField::ParamGrad)
+        .collect();
+    let args = arg_layout_with(spec, &operands, &ATTENTION_SCALARS, &grads, true);
+    Ok(KernelPlan {
+        kind: KernelKind::BackwardMain,
+        spec: spec.clone(),
+        config,
+        args,
+        operands,
+        launch: LaunchShape {
+            grid: GridRule::KeyTilesKvHeads {
+                rows: config.block_n,
+            },
+            threads: config.warps * 32,
+            smem_bytes: backward_smem_bytes(spec, &config),
+        },
+        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
+        kernel_name: kernel_name(KernelKind::BackwardMain, spec, &config),
+    })
+}
+
+/// The backward pass: pre-processing, main, dQ convert, in launch order.
+pub fn backward_pipeline(spec: &VariantSpec, config: TileConfig) -> Result<Pipeline, PlanError> {
+    Ok(Pipeline {
+        kernels: vec![
+            plan_backward_pre(spec)?,
+            plan_backward_main(spec, config)?,
+            plan_dq_convert(spec)?,
+        ],
+    })
+}

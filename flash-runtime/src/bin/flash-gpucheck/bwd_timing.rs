@@ -1,0 +1,175 @@
+//! Backward timing (`--backward` with timing on): dense/causal at d 64 and 128 and the
+//! peers.py variant workloads at d 128, bf16; the whole backward call (pre-processing, main
+//! kernel, dQ conversion, scratch allocation and gradient zeroing) between two CUDA events,
+//! median of several runs. FLOPs: 2.5× the forward's, as the FlashAttention papers count them
+//! (useful FLOPs, × mask density, for the variants).
+
+use flash_dsl::eval::{ParamValue, ParamValues};
+use flash_dsl::rng::SplitMix as Rng;
+use flash_dsl::{DType, VariantSpec};
+use flash_runtime::cudarc::driver::{sys, CudaSlice};
+use flash_runtime::launch::backward::{BackwardGrads, BackwardInputs, LseRef};
+use flash_runtime::{FlashError, Runtime, TensorMut, TensorRef};
+use serde_json::{json, Value};
+
+use crate::device::{param_args, upload_params};
+use crate::timing::density;
+use crate::variants::with;
+
+struct Bufs {
+    x: [CudaSlice<u16>; 5],
+    g: [CudaSlice<u16>; 3],
+    lse: CudaSlice<f32>,
+}
+
+fn bufs(rt: &Runtime, elems: usize, rows: usize) -> Result<Bufs, FlashError> {
+    let st = rt.stream();
+    let drv = |e| FlashError::Driver(format!("timing buffers: {e:?}"));
+    let mut rng = Rng(11);
+    let mut gen = || -> Vec<u16> {
+        (0..elems)
+            .map(|_| DType::Bf16.to_bits(0.5 * rng.normal()))
+            .collect()
+    };
+    Ok(Bufs {
+        x: [
+            st.clone_htod(&gen()).map_err(drv)?,
+            st.clone_htod(&gen()).map_err(drv)?,
+            st.clone_htod(&gen()).map_err(drv)?,
+            st.clone_htod(&gen()).map_err(drv)?,
+            st.clone_htod(&gen()).map_err(drv)?,
+        ],
+        g: [
+            st.alloc_zeros::<u16>(elems).map_err(drv)?,
+            st.alloc_zeros::<u16>(elems).map_err(drv)?,
+            st.alloc_zeros::<u16>(elems).map_err(drv)?,
+        ],
+        // A plausible LSE: every row sees its keys with weights around 1.
+        lse: st.clone_htod(&vec![8.0f32; rows]).map_err(drv)?,
+    })
+}
+
+fn time_one(
+    rt: &Runtime,
+    bb: &mut Bufs,
+    spec: &VariantSpec,
+    pv: &ParamValues,
+    (b, n, h): (usize, usize, usize),
+) -> Result<f32, FlashError> {
+    let st = rt.stream();
+    let drv = |what: &'static str| move |e| FlashError::Driver(format!("{what}: {e:?}"));
+    let shape = [b, n, h, spec.head_dim_qk as usize];
+    let dp = upload_params(rt, pv)?;
+    let args = param_args(rt, pv, &dp);
+    let input = BackwardInputs {
+        q: TensorRef::new(&bb.x[0], shape, st),
+        k: TensorRef::new(&bb.x[1], shape, st),
+        v: TensorRef::new(&bb.x[2], shape, st),
+        o: TensorRef::new(&bb.x[3], shape, st),
+        d_o: TensorRef::new(&bb.x[4], shape, st),
+        lse: LseRef::new(&bb.lse, st),
+    };
+    let [g0, g1, g2] = &mut bb.g;
+    let mut grads = BackwardGrads {
+        dq: TensorMut::new(g0, shape, st),
+        dk: TensorMut::new(g1, shape, st),
+        dv: TensorMut::new(g2, shape, st),
+        dparams: Vec::new(),
+    };
+    let ctx = rt.context();
+    let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
+    let (start, end) = (ev().map_err(drv("event"))?, ev().map_err(drv("event"))?);
+    for _ in 0..2 {
+        rt.backward_spec(spec, None, &input, &args, &mut grads)?;
+    }
+    let mut times = Vec::new();
+    for _ in 0..if n >= 16384 { 5 } else { 10 } {
+        start.record(st).map_err(drv("recording"))?;
+        rt.backward_spec(spec, None, &input, &args, &mut grads)?;
+        end.record(st).map_err(drv("recording"))?;
+        end.synchronize().map_err(drv("waiting"))?;
+        times.push(start.elapsed_ms(&end).map_err(drv("reading"))?);
+    }
+    times.sort_by(f32::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+pub fn timing_backward(
+    rt: &Runtime,
+    specs: &[VariantSpec],
+    rows: &mut Vec<Value>,
+) -> Result<(), FlashError> {
+    let get = |name: &str| {
+        specs
+            .iter()
+            .find(|s| s.name == name)
+            .cloned()
+            .ok_or_else(|| FlashError::Invalid(format!("no variant `{name}` in the examples")))
+    };
+    let gpu = rt.info().name.clone();
+    let mut bb = bufs(rt, 16384 * 2048, 16384 * 32)?;
+    for d in [64usize, 128] {
+        let h = 2048 / d;
+        for n in [4096usize, 16384] {
+            let b = 16384 / n;
+            for causal in [false, true] {
+                let spec = with(
+                    &get(if causal { "Causal" } else { "Dense" })?,
+                    d as u32,
+                    DType::Bf16,
+                );
+                let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h))?;
+                let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
+                let tf = fl / ms as f64 / 1e9;
+                println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
+                rows.push(json!({"gpu": gpu, "backend": "flash", "variant": if causal {"causal"} else {"dense"},
+                    "dtype": "bf16", "d": d, "n": n, "b": b, "h": h, "causal": causal, "mode": "bwd",
+                    "ms": ms, "tflops": tf}));
+            }
+        }
+    }
+    let (d, h) = (128usize, 16usize);
+    for n in [4096usize, 16384] {
+        let b = 16384 / n;
+        let mut rng = Rng(n as u64);
+        let mut docs: Vec<i64> = (0..n).map(|_| rng.below(8) as i64).collect();
+        docs.sort();
+        let slopes: Vec<f64> = (1..=h)
+            .map(|i| (-8.0 * i as f64 / h as f64).exp2())
+            .collect();
+        let cases: [(&str, &str, ParamValues); 5] = [
+            (
+                "softcap30_causal",
+                "Softcap",
+                ParamValues::new(vec![ParamValue::Float(30.0)]),
+            ),
+            (
+                "alibi_causal",
+                "Alibi",
+                ParamValues::new(vec![ParamValue::FloatTensor(slopes)]),
+            ),
+            ("window1024_causal", "SlidingWindow", ParamValues::none()),
+            (
+                "document_causal",
+                "Document",
+                ParamValues::new(vec![ParamValue::IntTensor(docs.clone())]),
+            ),
+            (
+                "prefixlm1024",
+                "PrefixLm",
+                ParamValues::new(vec![ParamValue::Int(1024)]),
+            ),
+        ];
+        for (label, name, pv) in cases {
+            let spec = with(&get(name)?, 128, DType::Bf16);
+            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h))?;
+            let dens = density(label, n, &docs);
+            let tf = 2.5 * 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
+            println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} {label:18} density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful)");
+            rows.push(json!({"gpu": gpu, "backend": "flash", "variant": label, "dtype": "bf16",
+                "d": d, "n": n, "b": b, "h": h, "causal": true, "mode": "bwd", "ms": ms, "tflops": tf,
+                "density": dens}));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! The backward pass on the runtime: the three kernels of `flash_dsl::plan::backward_pipeline`
+//! bound to the caller's tensors and two scratch buffers (`delta`, the fp32 dQ accumulator),
+//! every launch checked before the first is issued, then launched in order on the runtime's
+//! stream.
+//!
+//! dK and dV are summed over the query heads of each KV group in registers (deterministic); dQ
+//! is accumulated with fp32 atomics, so its last bits can differ between runs. Gradients of the
+//! score's `f32` parameters are zeroed, then added into (fp32 atomics).
+
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flash_dsl::plan::backward::{
+    backward_config_is_valid, plan_backward_main, plan_backward_pre, plan_dq_convert,
+};
+use flash_dsl::plan::{default_backward_config, grad_params, KernelKind};
+use flash_dsl::spec::ScalarTy;
+use flash_dsl::{TileConfig, VariantSpec};
+
+use super::check::invalid;
+use super::tensor::{ctx_id, ElemType, OperandArg, TensorMut, TensorRef};
+use super::{driver, Runtime};
+use crate::error::FlashError;
+use crate::variant::{ParamArg, Variant};
+
+/// A read-only flat f32 buffer: the forward's LSE, `[batch, heads_q, seq_q]`.
+#[derive(Debug, Clone, Copy)]
+pub struct LseRef<'a> {
+    ptr: u64,
+    len: usize,
+    ctx: usize,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl<'a> LseRef<'a> {
+    pub fn new(slice: &'a CudaSlice<f32>, stream: &cudarc::driver::CudaStream) -> Self {
+        let (ptr, _sync) = slice.device_ptr(stream);
+        LseRef {
+            ptr,
+            len: slice.len(),
+            ctx: ctx_id(slice.context()),
+            _borrow: PhantomData,
+        }
+    }
+}
+
+/// What the backward pass reads: the forward's inputs, its outputs O and LSE, and dO (same
+/// layout as O).
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardInputs<'a> {
+    pub q: TensorRef<'a>,
+    pub k: TensorRef<'a>,
+    pub v: TensorRef<'a>,
+    pub o: TensorRef<'a>,
+    pub d_o: TensorRef<'a>,
+    pub lse: LseRef<'a>,
+}
+
+/// What the backward pass writes: dQ, dK, dV (layouts of Q, K, V) and, by parameter index, the
+/// gradient of each `f32` parameter the score depends on (`None`: not wanted; scalars get a
+/// one-element buffer). Parameter gradients are overwritten, not accumulated into.
+pub struct BackwardGrads<'a> {
+    pub dq: TensorMut<'a>,
+    pub dk: TensorMut<'a>,
+    pub dv: TensorMut<'a>,
+    pub dparams: Vec<Option<&'a mut CudaSlice<f32>>>,
+}
+
+fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
+    OperandArg {
+        ptr,
+        len,
+        shape: None,
+        strides: Vec::new(),
+        elem: ElemType::F32,
+        ctx,
+    }
+}
+
+impl Runtime {
+    /// The backward pass of `spec` (see the module doc): checks every launch against the plans
+    /// (shapes, dtypes, strides, alignment, buffer extents, devices, params and gradient
+    /// buffers), then runs pre-processing, the main kernel and the dQ conversion on
+    /// [`Runtime::stream`]. `config` forces the main kernel's tile configuration.
+    pub fn backward_spec(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+        input: &BackwardInputs<'_>,
+        params: &[ParamArg<'_>],
+        grads: &mut BackwardGrads<'_>,
+    ) -> Result<(), FlashError> {
+        let cfg = config.unwrap_or_else(default_backward_config);
+        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
+            variant: spec.name.clone(),
+            message: e.to_string(),
+        };
+        backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
+        let pre = self.load_kind(KernelKind::BackwardPre, spec, None, || {
+            plan_backward_pre(spec).map_err(plan_err)
+        })?;
+        let main = self.load_kind(KernelKind::BackwardMain, spec, Some(cfg), || {
+            plan_backward_main(spec, cfg).map_err(plan_err)
+        })?;
+        let conv = self.load_kind(KernelKind::DqConvert, spec, None, || {
+            plan_dq_convert(spec).map_err(plan_err)
+        })?;
+
+        // Scratch sized from Q; every launch below checks it against its own operands.
+        let [b, sq, hq, dqk] = input.q.desc.shape;
+        let n_delta = (b * hq * sq).max(1);
+        let n_acc = (b * sq * hq * dqk).max(1);
+        let mut delta = self
+            .stream
+            .alloc_zeros::<f32>(n_delta)
+            .map_err(|e| driver("allocating delta", e))?;
+        let mut acc = self
+            .stream
+            .alloc_zeros::<f32>(n_acc)
+            .map_err(|e| driver("allocating the dQ accumulator", e))?;
+        let me = ctx_id(&self.ctx);
+        let (delta_ptr, _s1) = delta.device_ptr_mut(&self.stream);
+        let (acc_ptr, _s2) = acc.device_ptr_mut(&self.stream);
+        let delta_op = flat(delta_ptr, n_delta, me);
+        let acc_op = flat(acc_ptr, n_acc, me);
+
+        // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.
+        let wanted = grad_params(spec);
+        let mut scratch: Vec<CudaSlice<f32>> = Vec::new();
+        let mut grad_args: Vec<Option<ParamArg<'_>>> = vec![None; spec.params.len()];
+        for &i in &wanted {
+            let dst: &mut CudaSlice<f32> = match grads.dparams.get_mut(i).and_then(|g| g.as_mut()) {
+                Some(g) => g,
+                None => {
+                    let n = match params.get(i) {
+                        Some(ParamArg::Tensor { len, .. }) => (*len).max(1),
+                        _ => 1,
+                    };
+                    scratch.push(
+                        self.stream
+                            .alloc_zeros::<f32>(n)
+                            .map_err(|e| driver("allocating a gradient buffer", e))?,
+                    );
+                    scratch.last_mut().expect("just pushed")
+                }
+            };
+            self.stream
+                .memset_zeros(dst)
+                .map_err(|e| driver("zeroing a gradient buffer", e))?;
+            let len = dst.len();
+            let (ptr, _sync) = dst.device_ptr_mut(&self.stream);
+            grad_args[i] = Some(ParamArg::raw_tensor(ptr, len, ScalarTy::F32));
+        }
+        if grads.dparams.len() > spec.params.len() {
+            return Err(invalid(format!(
+                "`{}` declares {} param(s); got {} gradient buffers",
+                spec.name,
+                spec.params.len(),
+                grads.dparams.len()
+            )));
+        }
+
+        let lse = flat(input.lse.ptr, input.lse.len, input.lse.ctx);
+        let t = |r: &TensorRef<'_>| OperandArg::from(&r.desc);
+        let m = |r: &TensorMut<'_>| OperandArg::from(&r.desc);
+        let launches = [
+            self.prepare(
+                &pre,
+                &[t(&input.o), t(&input.d_o), delta_op.clone(), acc_op.clone()],
+                &[],
+                &[],
+            )?,
+            self.prepare(
+                &main,
+                &[
+                    t(&input.q),
+                    t(&input.k),
+                    t(&input.v),
+                    t(&input.d_o),
+                    lse,
+                    delta_op,
+                    acc_op.clone(),
+                    m(&grads.dk),
+                    m(&grads.dv),
+                ],
+                params,
+                &grad_args,
+            )?,
+            self.prepare(&conv, &[acc_op, m(&grads.dq)], &[], &[])?,
+        ];
+        for l in &launches {
+            self.launch_checked(l)?;
+        }
+        // The scratch buffers are freed on the stream, ordered after the kernels.
+        drop(launches);
+        drop(scratch);
+        Ok(())
+    }
+
+    /// The typed backward pass of an `attention!` variant (see [`Runtime::backward_spec`]).
+    pub fn backward_variant<V: Variant>(
+        &self,
+        input: &BackwardInputs<'_>,
+        params: &V::Params<'_>,
+        grads: &mut BackwardGrads<'_>,
+    ) -> Result<(), FlashError> {
+        let spec = self.variant_spec::<V>()?;
+        let args = V::param_args(params, &self.stream);
+        self.backward_spec(&spec, None, input, &args, grads)
+    }
+}
