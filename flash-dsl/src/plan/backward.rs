@@ -213,3 +213,114 @@ pub fn backward_pipeline(spec: &VariantSpec, config: TileConfig) -> Result<Pipel
         ],
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse_str;
+
+    fn spec(src: &str) -> VariantSpec {
+        parse_str(src).expect("parses").remove(0)
+    }
+
+    #[test]
+    fn the_pipeline_is_pre_main_convert_with_their_operands() {
+        let s = spec(
+            "A { head_dim: 64, dtype: bf16, params: { slopes: [f32; heads], n: i32 }, \
+             mask: causal && k < n, score: s + slopes[h] * (k - q) }",
+        );
+        let p = backward_pipeline(&s, default_backward_config()).unwrap();
+        let kinds: Vec<KernelKind> = p.kernels.iter().map(|k| k.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                KernelKind::BackwardPre,
+                KernelKind::BackwardMain,
+                KernelKind::DqConvert
+            ]
+        );
+        let names =
+            |k: &KernelPlan| -> Vec<String> { k.operands.iter().map(|o| o.name.clone()).collect() };
+        assert_eq!(names(&p.kernels[0]), ["o", "dout", "delta", "dq_accum"]);
+        assert_eq!(
+            names(&p.kernels[1]),
+            ["q", "k", "v", "dout", "lse", "delta", "dq_accum", "dk", "dv"]
+        );
+        assert_eq!(names(&p.kernels[2]), ["dq_accum", "dq"]);
+        // The f32 slopes get a gradient buffer; the i32 `n` does not.
+        assert_eq!(grad_params(&s), [0]);
+        let grads: Vec<&ArgField> = p.kernels[1]
+            .args
+            .slots
+            .iter()
+            .map(|s| &s.field)
+            .filter(|f| matches!(f, ArgField::ParamGrad(_)))
+            .collect();
+        assert_eq!(grads, [&ArgField::ParamGrad(0)]);
+        // Pre-processing and conversion read no params.
+        assert!(!p.kernels[0]
+            .args
+            .slots
+            .iter()
+            .any(|s| matches!(s.field, ArgField::Param(_))));
+        assert_eq!(
+            p.kernels[1].launch.grid,
+            GridRule::KeyTilesKvHeads { rows: 128 }
+        );
+        assert_eq!(
+            p.kernels[1].launch.grid.grid(|e| match e {
+                SeqK => 300,
+                HeadsKv => 2,
+                Batch => 3,
+                _ => 0,
+            }),
+            [3, 2, 3]
+        );
+        assert!(p.kernels[1]
+            .kernel_name
+            .starts_with("flash_bwd_a_bf16_d64x64"));
+        assert!(p.kernels[1].mask.is_some());
+    }
+
+    #[test]
+    fn backward_configs_name_the_value_and_the_limit() {
+        let s = spec("C { head_dim: 256, dtype: f16, mask: causal }");
+        let e = backward_pipeline(&s, default_backward_config())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("up to 128") && e.contains("256"), "{e}");
+        let s = spec("C { head_dim: 64, dtype: f16, mask: causal }");
+        let mut cfg = default_backward_config();
+        cfg.block_n = 32;
+        let e = backward_pipeline(&s, cfg).unwrap_err().to_string();
+        assert!(e.contains("64x32x8x1"), "{e}");
+        cfg = default_backward_config();
+        cfg.family = KernelFamily::Sm90Ws;
+        let e = backward_pipeline(&s, cfg).unwrap_err().to_string();
+        assert!(e.contains("Sm90Ws") && e.contains("Sm80"), "{e}");
+        // Both supported configurations plan, and smem grows with the head dim.
+        for cfg in [
+            default_backward_config(),
+            TileConfig {
+                block_n: 64,
+                warps: 4,
+                ..default_backward_config()
+            },
+        ] {
+            let p = plan_backward_main(&s, cfg).unwrap();
+            assert_eq!(p.threads(), cfg.warps * 32);
+            assert_eq!(p.smem_bytes(), backward_smem_bytes(&s, &cfg));
+        }
+    }
+
+    #[test]
+    fn no_score_or_no_f32_param_means_no_gradient_buffers() {
+        let s = spec(
+            "P { head_dim: 64, dtype: bf16, params: { prefix: i32 }, mask: k < prefix || causal }",
+        );
+        assert!(grad_params(&s).is_empty());
+        let s =
+            spec("S { head_dim: 64, dtype: bf16, params: { cap: f32 }, score: softcap(s, cap) }");
+        assert_eq!(grad_params(&s), [0]);
+    }
+}
