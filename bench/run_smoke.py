@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test of `flash run` on the GPU machine: .npy in, .npy out, compared with a float64
-torch reference. Usage: python3 bench/run_smoke.py [FLASH_BINARY]  (default .carry/flash)."""
+torch reference; then the backward pass (`--do`, `--dq/--dk/--dv`, `--dparam`) against torch
+autograd in float64. Usage: python3 bench/run_smoke.py [FLASH_BINARY]  (default .carry/flash)."""
 import os, subprocess, sys, tempfile
 import numpy as np
 import torch
@@ -13,7 +14,9 @@ q = rng.standard_normal((B, SQ, HQ, D)).astype(np.float32)
 k = rng.standard_normal((B, SK, HKV, D)).astype(np.float32)
 v = rng.standard_normal((B, SK, HKV, D)).astype(np.float32)
 doc = np.sort(rng.integers(0, 4, SK)).astype(np.int64)
-for n, a in dict(q=q, k=k, v=v, doc=doc).items():
+do = rng.standard_normal((B, SQ, HQ, D)).astype(np.float32)
+slopes = np.array([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], dtype=np.float32)
+for n, a in dict(q=q, k=k, v=v, doc=doc, do=do, slopes=slopes).items():
     np.save(f"{tmp}/{n}.npy", a)
 
 
@@ -51,5 +54,63 @@ for f, extra, m, sf in cases:
     ok = o.shape == ro.shape and eo < 2e-2 and el < 1e-3 and np.all(lse[~fin] == -np.inf) and not np.isnan(o).any()
     bad += not ok
     print("ok  " if ok else "FAIL", f, "o", o.shape, f"err {eo:.2e} lse {el:.1e} masked_rows {(~fin).sum()}", r.stderr.strip().splitlines()[-1:])
-print(f"# flash run smoke: {len(cases) - bad} passed, {bad} failed")
+
+
+def ref_grad(mask_fn, score_fn, param):
+    """O and the gradients of sum(O * dO) with respect to Q, K, V and the parameter (or None),
+    by autograd in float64 on the bf16-rounded inputs (the CLI rounds Q, K, V and dO to bf16)."""
+    t = lambda a: torch.tensor(a).bfloat16().double()
+    qd, kd, vd = (t(x).requires_grad_() for x in (q, k, v))
+    p = None if param is None else torch.tensor(param, dtype=torch.float64).requires_grad_()
+    Q = qd.transpose(1, 2)
+    K = kd.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    V = vd.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    s = Q @ K.transpose(-1, -2) / D ** 0.5
+    if score_fn:
+        s = score_fn(s, p)
+    i = torch.arange(SQ)[:, None]; j = torch.arange(SK)[None, :]
+    s = s.masked_fill(~mask_fn(i, j), float("-inf"))
+    o = (torch.softmax(s, -1).nan_to_num(0.0) @ V).transpose(1, 2)
+    o.backward(t(do))
+    g = lambda x: x.grad.numpy()
+    return o.detach().numpy(), g(qd), g(kd), g(vd), None if p is None else g(p).reshape(-1)
+
+
+def alibi_score(s, sl):
+    i = torch.arange(SQ)[:, None]; j = torch.arange(SK)[None, :]
+    return s + sl[None, :, None, None] * (j - i).double()
+
+
+# (file, --param flags, mask, score(s, param), param value for autograd, --dparam name)
+grad_cases = [
+    ("causal.flash", [], causal, None, None, None),
+    ("softcap.flash", ["--param", "cap=5"], causal, lambda s, c: c * torch.tanh(s / c), np.array([5.0]), "cap"),
+    ("alibi.flash", ["--param", f"slopes={tmp}/slopes.npy"], causal, alibi_score, slopes.astype(np.float64), "slopes"),
+]
+for f, extra, m, sf, pv, pname in grad_cases:
+    outs = {n: f"{tmp}/g_{n}.npy" for n in ("o", "dq", "dk", "dv", "dp")}
+    cmd = [flash, "run", f"examples/variants/{f}", "--q", f"{tmp}/q.npy", "--k", f"{tmp}/k.npy", "--v", f"{tmp}/v.npy",
+           "--out", outs["o"], "--out-dtype", "f32", "--do", f"{tmp}/do.npy",
+           "--dq", outs["dq"], "--dk", outs["dk"], "--dv", outs["dv"]] + extra
+    if pname:
+        cmd += ["--dparam", f"{pname}={outs['dp']}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print("FAIL bwd", f, r.stderr.strip()[-800:]); bad += 1; continue
+    want = dict(zip(("o", "dq", "dk", "dv", "dp"), ref_grad(m, sf, pv)))
+    ok, parts = True, []
+    for n in ("o", "dq", "dk", "dv", "dp"):
+        if want[n] is None:
+            continue
+        got = np.load(outs[n]).astype(np.float64)
+        scale = max(1.0, float(np.abs(want[n]).max()))
+        err = float(np.abs(got - want[n]).max()) if got.shape == want[n].shape else float("inf")
+        good = got.shape == want[n].shape and not np.isnan(got).any() and err <= 2e-2 * scale
+        ok &= good
+        name = f"d{pname}" if n == "dp" else n
+        parts.append(f"{name} err {err:.2e} (max|ref| {scale:.1e}){'' if good else ' !'}")
+    bad += not ok
+    print("ok  " if ok else "FAIL", "bwd", f, "; ".join(parts), r.stderr.strip().splitlines()[-1:])
+total = len(cases) + len(grad_cases)
+print(f"# flash run smoke: {total - bad} passed, {bad} failed")
 sys.exit(1 if bad else 0)

@@ -188,3 +188,204 @@ fn closed_stdout_pipe_exits_quietly() {
         assert!(err.is_empty(), "{args:?}: quiet, got:\n{err}");
     }
 }
+
+#[test]
+fn plan_prints_the_score_derivative_and_backward_kernels() {
+    let softcap = examples().join("softcap.flash");
+    let o = flash(&["plan", softcap.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("d score / d s = 1.0 - tanh(s / cap) * tanh(s / cap)"),
+        "{out}"
+    );
+    assert!(out.contains("d score / d cap = "), "{out}");
+    assert!(
+        out.contains("backward kernels: flash_bwdpre_softcap"),
+        "{out}"
+    );
+    let alibi = examples().join("alibi.flash");
+    let o = flash(&["plan", alibi.to_str().unwrap()]);
+    let (out, _) = text(&o);
+    assert!(out.contains("d score / d slopes[h] = k - q"), "{out}");
+    // Past the backward skeleton's head dims: the plan still prints, with the reason.
+    let o = flash(&["plan", alibi.to_str().unwrap(), "--head-dim", "256"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("backward: not available"), "{out}");
+    // `--json` stays one JSON document.
+    let o = flash(&["plan", softcap.to_str().unwrap(), "--json"]);
+    let (out, _) = text(&o);
+    assert!(!out.contains("d score"), "{out}");
+    serde_json::from_str::<serde_json::Value>(&out).unwrap();
+}
+
+/// `.npy` inputs for `flash run` argument checks (zeros: never launched, every case below fails
+/// before the GPU is touched), and a variant whose `f32` param `t` only steers a condition.
+fn run_inputs() -> tempfile::TempDir {
+    use flash_runtime::npy::{NpyArray, NpyData};
+    let dir = tempfile::tempdir().unwrap();
+    let f32s = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        NpyArray::new(shape, NpyData::F32(vec![0.0; n])).unwrap()
+    };
+    f32s(vec![1, 8, 2, 128])
+        .write(&dir.path().join("q.npy"))
+        .unwrap();
+    f32s(vec![1, 8, 2, 128])
+        .write(&dir.path().join("do.npy"))
+        .unwrap();
+    f32s(vec![1, 8, 2, 64])
+        .write(&dir.path().join("do_bad.npy"))
+        .unwrap();
+    f32s(vec![2]).write(&dir.path().join("slopes.npy")).unwrap();
+    NpyArray::new(vec![8], NpyData::I32(vec![0; 8]))
+        .unwrap()
+        .write(&dir.path().join("doc.npy"))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("thr.flash"),
+        "pub Thr {\n    head_dim: 128,\n    dtype: bf16,\n    params: { t: f32 },\n    \
+         mask: causal,\n    score: if s > t { s } else { s - 1.0 },\n}\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// `flash run FILE --q/--k/--v <zeros> --out ..` plus `extra`, in `dir`; returns (status, stderr).
+fn run_in(dir: &Path, file: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "run".to_string(),
+        file.to_str().unwrap().to_string(),
+        "--out".into(),
+        "o.npy".into(),
+    ];
+    for t in ["q", "k", "v"] {
+        args.push(format!("--{t}"));
+        args.push("q.npy".into());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let o = Command::new(env!("CARGO_BIN_EXE_flash"))
+        .args(&args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (o.status.code(), text(&o).1)
+}
+
+#[test]
+fn run_gradient_flags_need_do() {
+    let dir = run_inputs();
+    let d = dir.path();
+    let alibi = examples().join("alibi.flash");
+    let slopes = ["--param", "slopes=slopes.npy"];
+    let cases: [(&[&str], &str); 3] = [
+        (&["--dq", "dq.npy"], "--dq needs --do dO.npy"),
+        (
+            &["--dk", "dk.npy", "--dparam", "slopes=ds.npy"],
+            "--dk, --dparam need --do dO.npy",
+        ),
+        (&["--do", "do.npy"], "no gradient is asked for"),
+    ];
+    for (extra, want) in cases {
+        let (code, err) = run_in(d, &alibi, &[&slopes[..], extra].concat());
+        assert_eq!(code, Some(1), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("o.npy").exists(), "nothing ran");
+}
+
+#[test]
+fn run_dparam_must_name_a_differentiable_f32_param() {
+    let dir = run_inputs();
+    let d = dir.path();
+    let alibi = examples().join("alibi.flash");
+    let document = examples().join("document.flash");
+    let thr = d.join("thr.flash");
+    let cases: [(&Path, &[&str], &str); 6] = [
+        (
+            &alibi,
+            &["--param", "slopes=slopes.npy", "--dparam", "nope=x.npy"],
+            "`Alibi` has no param `nope`; it declares: slopes",
+        ),
+        (
+            &document,
+            &["--param", "doc=doc.npy", "--dparam", "doc=x.npy"],
+            "param `doc` is an i32 tensor; only f32 params have gradients",
+        ),
+        (
+            &thr,
+            &["--param", "t=0.5", "--dparam", "t=x.npy"],
+            "the score of `Thr` does not depend on `t`; it has no gradient",
+        ),
+        (
+            &alibi,
+            &[
+                "--param",
+                "slopes=slopes.npy",
+                "--dparam",
+                "slopes=a.npy",
+                "--dparam",
+                "slopes=b.npy",
+            ],
+            "`slopes` is given twice",
+        ),
+        (
+            &alibi,
+            &["--param", "slopes=slopes.npy", "--dparam", "slopes"],
+            "--dparam takes NAME=FILE.npy; got `slopes`",
+        ),
+        (
+            &alibi,
+            &[
+                "--param",
+                "slopes=slopes.npy",
+                "--dq",
+                "dq.npy",
+                "--do",
+                "do_bad.npy",
+            ],
+            "--do must have O's shape [1, 8, 2, 128]",
+        ),
+    ];
+    for (file, extra, want) in cases {
+        let mut args = extra.to_vec();
+        if !args.contains(&"--do") {
+            args.extend(["--do", "do.npy"]);
+        }
+        let (code, err) = run_in(d, file, &args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{args:?}: fails before the GPU:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn run_backward_past_the_skeleton_fails_before_the_gpu() {
+    let dir = run_inputs();
+    let d = dir.path();
+    let alibi = examples().join("alibi.flash");
+    let (code, err) = run_in(
+        d,
+        &alibi,
+        &[
+            "--head-dim",
+            "256",
+            "--param",
+            "slopes=slopes.npy",
+            "--do",
+            "do.npy",
+            "--dq",
+            "dq.npy",
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no backward pass"), "{err}");
+}

@@ -16,7 +16,6 @@ use serde::Serialize;
 use crate::deriv::score_gradient;
 use crate::plan::{ArgField, KernelFamily, KernelKind, KernelPlan, Layout, Role};
 use crate::spec::DType;
-use crate::spec::{Expr, Var};
 use expr::{classify_body, grad_field_name, hull_body, param_field, ExprCx};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
@@ -123,44 +122,40 @@ struct Context {
     grad_uniform_count: usize,
     grad_element_body: String,
     grad_flush_body: String,
+    grad_fix_body: String,
 }
 
-/// The backward kernel's parameter-gradient code: for each term `∂Z/∂θ[idx]` of the score
-/// gradient, either an atomic add per visible element (the element read depends on the query
-/// or the key), or a per-thread sum added once per head (it does not: a per-head slope, a
-/// scalar), which avoids thousands of atomics on one address.
+/// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
+/// term `∂Z/∂θ[idx]` of the score gradient, either an atomic add per visible element (the element
+/// read depends on the query or the key), or a per-thread sum added once per head (it does not:
+/// a per-head slope, a scalar), which avoids thousands of atomics on one address; uniform terms
+/// also report `P·∂Z/∂θ` (`pw`) for the correction that the dQ conversion applies (`fix`).
 #[derive(Default)]
 struct GradCode {
     uniform: usize,
     element: String,
     flush: String,
-}
-
-fn reads_position(e: &Expr) -> bool {
-    let mut found = false;
-    e.visit(&mut |x| found |= matches!(x, Expr::Var(Var::Q | Var::K)));
-    found
+    fix: String,
 }
 
 fn grad_code(plan: &KernelPlan, cx: &ExprCx) -> GradCode {
     let mut code = GradCode::default();
-    if plan.kind != KernelKind::BackwardMain {
+    if !matches!(plan.kind, KernelKind::BackwardMain | KernelKind::DqConvert) {
         return code;
     }
-    let Some(g) = score_gradient(&plan.spec) else {
-        return code;
-    };
-    let with_grad: Vec<usize> = crate::plan::grad_params(&plan.spec);
-    for term in g.params.iter().filter(|t| with_grad.contains(&t.param)) {
+    for (term, uniform) in crate::plan::backward::grad_terms(&plan.spec) {
         let field = grad_field_name(&plan.spec.params[term.param]);
         let at = format!("&args.{field}[{}]", cx.flat_index(term.param, &term.index));
         let d = cx.expr(&term.d);
-        if term.index.iter().any(reads_position) {
+        if !uniform {
             code.element += &format!("  atomicAdd({at}, dz * (float)({d}));\n");
         } else {
             let u = code.uniform;
-            code.element += &format!("  acc.t[{u}] += dz * (float)({d});\n");
+            code.element += &format!(
+                "  {{ const float du = (float)({d}); acc.t[{u}] += dz * du; pw[{u}] = p * du; }}\n"
+            );
             code.flush += &format!("  if (lane == 0) atomicAdd({at}, acc.t[{u}]);\n");
+            code.fix += &format!("  if (lane == 0) atomicAdd({at}, -part[{u}]);\n");
             code.uniform += 1;
         }
     }
@@ -266,6 +261,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_uniform_count: grads.uniform,
         grad_element_body: grads.element,
         grad_flush_body: grads.flush,
+        grad_fix_body: grads.fix,
     };
     let mut hb = Handlebars::new();
     hb.set_strict_mode(true);

@@ -17,8 +17,8 @@ use super::operand::{
 };
 use super::tile::{KernelFamily, PlanError, TileConfig};
 use super::{forward::ATTENTION_SCALARS, kernel_name, KernelKind, KernelPlan, Pipeline};
-use crate::deriv::score_gradient;
-use crate::spec::{ParamKind, ScalarTy, VariantSpec};
+use crate::deriv::{score_gradient, ParamGrad};
+use crate::spec::{Expr, ParamKind, ScalarTy, Var, VariantSpec};
 
 use Extent::*;
 
@@ -84,6 +84,53 @@ pub fn grad_params(spec: &VariantSpec) -> Vec<usize> {
     out
 }
 
+/// The score-gradient terms the main kernel adds into parameter gradients, each with whether
+/// the element it reads is the same for every (query, key) of a head (a per-head slope, a
+/// scalar): such "uniform" terms are summed per thread and added once per head, and their sums
+/// get the correction below.
+///
+/// The correction: delta is rowsum(dO ∘ O) with O rounded to the storage type (as in
+/// FlashAttention), so Σ_k dZ over a row is not exactly 0; a uniform term's gradient
+/// Σ dZ·w then carries an error Σ_q (Σ_k dZ)(Σ_k P·w) that grows with w (ALiBi's |q − k|). The
+/// main kernel accumulates both row sums (`zsum`, `pw<u>`) and the dQ conversion subtracts
+/// their product, which makes the term exact up to fp32 rounding.
+pub fn grad_terms(spec: &VariantSpec) -> Vec<(ParamGrad, bool)> {
+    let wanted = grad_params(spec);
+    let Some(g) = score_gradient(spec) else {
+        return Vec::new();
+    };
+    let reads_position = |e: &Expr| {
+        let mut found = false;
+        e.visit(&mut |x| found |= matches!(x, Expr::Var(Var::Q | Var::K)));
+        found
+    };
+    g.params
+        .into_iter()
+        .filter(|t| wanted.contains(&t.param))
+        .map(|t| {
+            let uniform = !t.index.iter().any(reads_position);
+            (t, uniform)
+        })
+        .collect()
+}
+
+/// Number of uniform gradient terms (see [`grad_terms`]).
+pub fn uniform_terms(spec: &VariantSpec) -> usize {
+    grad_terms(spec).iter().filter(|(_, u)| *u).count()
+}
+
+/// The row-sum scratch operands of the uniform-term correction: `zsum` and one `pw<u>` per
+/// uniform term, each `[batch, heads_q, seq_q]` f32.
+fn fix_operands(spec: &VariantSpec, role: Role) -> Vec<Operand> {
+    let u = uniform_terms(spec);
+    if u == 0 {
+        return Vec::new();
+    }
+    let mut v = vec![flat_f32("zsum", role, &[Batch, HeadsQ, SeqQ])];
+    v.extend((0..u).map(|i| flat_f32(&format!("pw{i}"), role, &[Batch, HeadsQ, SeqQ])));
+    v
+}
+
 fn strided(name: &str, role: Role, spec: &VariantSpec, dims: &[Extent]) -> Operand {
     Operand::new(
         name,
@@ -102,6 +149,7 @@ fn rows_plan(
     spec: &VariantSpec,
     kind: KernelKind,
     operands: Vec<Operand>,
+    grads: bool,
 ) -> Result<KernelPlan, PlanError> {
     let config = TileConfig {
         block_m: ROWS_PER_BLOCK,
@@ -110,7 +158,17 @@ fn rows_plan(
         stages: 1,
         family: KernelFamily::Sm80,
     };
-    let args = arg_layout_with(spec, &operands, &ATTENTION_SCALARS, &[], false);
+    // The dQ conversion applies the uniform-term correction: it reads the params (index
+    // expressions) and adds into the gradients.
+    let extra: Vec<ArgField> = if grads {
+        grad_params(spec)
+            .into_iter()
+            .map(ArgField::ParamGrad)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let args = arg_layout_with(spec, &operands, &ATTENTION_SCALARS, &extra, grads);
     Ok(KernelPlan {
         kind,
         spec: spec.clone(),
@@ -131,28 +189,25 @@ fn rows_plan(
 
 /// `delta = rowsum(dO ∘ O)` and a zeroed dQ accumulator.
 pub fn plan_backward_pre(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
-    rows_plan(
-        spec,
-        KernelKind::BackwardPre,
-        vec![
-            strided("o", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
-            strided("dout", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
-            flat_f32("delta", Role::Output, &[Batch, HeadsQ, SeqQ]),
-            flat_f32("dq_accum", Role::Output, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
-        ],
-    )
+    let mut ops = vec![
+        strided("o", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
+        strided("dout", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
+        flat_f32("delta", Role::Output, &[Batch, HeadsQ, SeqQ]),
+        flat_f32("dq_accum", Role::Output, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+    ];
+    ops.extend(fix_operands(spec, Role::Output));
+    rows_plan(spec, KernelKind::BackwardPre, ops, false)
 }
 
 /// The fp32 dQ accumulator into dQ.
 pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
-    rows_plan(
-        spec,
-        KernelKind::DqConvert,
-        vec![
-            flat_f32("dq_accum", Role::Input, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
-            strided("dq", Role::Output, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
-        ],
-    )
+    let mut ops = vec![
+        flat_f32("dq_accum", Role::Input, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+        strided("dq", Role::Output, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
+    ];
+    ops.extend(fix_operands(spec, Role::Input));
+    let fix = uniform_terms(spec) > 0;
+    rows_plan(spec, KernelKind::DqConvert, ops, fix)
 }
 
 /// Shared memory of the main kernel: K and V of the block; Q and dO of this step and the next
@@ -180,6 +235,9 @@ pub fn plan_backward_main(spec: &VariantSpec, config: TileConfig) -> Result<Kern
         strided("dk", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimQk]),
         strided("dv", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimV]),
     ];
+    // Row sums for the uniform-term correction, added into by atomics.
+    let mut operands = operands;
+    operands.extend(fix_operands(spec, Role::Output));
     let grads: Vec<ArgField> = grad_params(spec)
         .into_iter()
         .map(ArgField::ParamGrad)
@@ -241,12 +299,23 @@ mod tests {
         );
         let names =
             |k: &KernelPlan| -> Vec<String> { k.operands.iter().map(|o| o.name.clone()).collect() };
-        assert_eq!(names(&p.kernels[0]), ["o", "dout", "delta", "dq_accum"]);
+        // The per-head slope is a uniform term: its correction sums travel through all three.
+        assert_eq!(uniform_terms(&s), 1);
+        assert_eq!(
+            names(&p.kernels[0]),
+            ["o", "dout", "delta", "dq_accum", "zsum", "pw0"]
+        );
         assert_eq!(
             names(&p.kernels[1]),
-            ["q", "k", "v", "dout", "lse", "delta", "dq_accum", "dk", "dv"]
+            ["q", "k", "v", "dout", "lse", "delta", "dq_accum", "dk", "dv", "zsum", "pw0"]
         );
-        assert_eq!(names(&p.kernels[2]), ["dq_accum", "dq"]);
+        assert_eq!(names(&p.kernels[2]), ["dq_accum", "dq", "zsum", "pw0"]);
+        // The conversion applies the correction: it reads the params and adds into the gradient.
+        assert!(p.kernels[2]
+            .args
+            .slots
+            .iter()
+            .any(|s| s.field == ArgField::ParamGrad(0)));
         // The f32 slopes get a gradient buffer; the i32 `n` does not.
         assert_eq!(grad_params(&s), [0]);
         let grads: Vec<&ArgField> = p.kernels[1]
@@ -311,6 +380,18 @@ mod tests {
             assert_eq!(p.threads(), cfg.warps * 32);
             assert_eq!(p.smem_bytes(), backward_smem_bytes(&s, &cfg));
         }
+    }
+
+    #[test]
+    fn position_dependent_reads_are_not_uniform() {
+        let s = spec(
+            "R { head_dim: 64, dtype: bf16, params: { bias: [f32; heads, 256] }, \
+             mask: causal, score: s + bias[h, q - k] }",
+        );
+        assert_eq!(grad_terms(&s).len(), 1);
+        assert_eq!(uniform_terms(&s), 0);
+        let p = backward_pipeline(&s, default_backward_config()).unwrap();
+        assert_eq!(p.kernels[2].operands.len(), 2, "no correction sums");
     }
 
     #[test]

@@ -1,12 +1,15 @@
-//! `flash gen` (the generated CUDA) and `flash plan` (the kernel plan).
+//! `flash gen` (the generated CUDA) and `flash plan` (the kernel plan; without `--json`, followed
+//! by the symbolic derivative of the score and the backward pass's kernels).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use flash_dsl::plan::KernelFamily;
-use flash_dsl::CudaSource;
+use flash_dsl::deriv::{display, score_gradient};
+use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelFamily};
+use flash_dsl::spec::Expr;
+use flash_dsl::{CudaSource, VariantSpec};
 
 use crate::error::FlashError;
 
@@ -25,7 +28,8 @@ pub struct GenArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     pub variant: VariantArgs,
-    /// JSON instead of Rust debug output.
+    /// JSON (the plan only) instead of Rust debug output followed by the score's derivative and
+    /// the backward kernels.
     #[arg(long)]
     pub json: bool,
 }
@@ -79,7 +83,38 @@ pub fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
             println!("{s}");
         } else {
             println!("{plan:#?}");
+            print_backward(&spec);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The symbolic derivative of the score (`d score / d s = ...`, then one line per `f32`
+/// parameter read it depends on) and the kernels of the backward pass, or why there is none.
+fn print_backward(spec: &VariantSpec) {
+    match score_gradient(spec) {
+        None => println!("d score / d s = 1.0 (no score expression; no parameter gradients)"),
+        Some(g) => {
+            println!("d score / d s = {}", display(&g.d_ds, &spec.params));
+            for p in &g.params {
+                let read = if p.index.is_empty() {
+                    display(&Expr::Scalar(p.param), &spec.params)
+                } else {
+                    display(&Expr::Index(p.param, p.index.clone()), &spec.params)
+                };
+                println!("d score / d {read} = {}", display(&p.d, &spec.params));
+            }
+        }
+    }
+    match backward_pipeline(spec, default_backward_config()) {
+        Ok(p) => println!(
+            "backward kernels: {}",
+            p.kernels
+                .iter()
+                .map(|k| k.kernel_name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => println!("backward: not available: {e}"),
+    }
 }

@@ -1,9 +1,11 @@
-//! `flash run`: one forward pass of a `.flash` variant on `.npy` inputs.
+//! `flash run`: one forward pass of a `.flash` variant on `.npy` inputs, optionally followed by
+//! the backward pass.
 //!
 //! ```text
 //! flash run FILE --q q.npy --k k.npy --v v.npy [--param NAME=FILE.npy|NAME=VALUE ...]
 //!           [--name V] [--head-dim D] [--dtype bf16|f16] [--tile ...] [--gpu N]
 //!           --out o.npy [--lse lse.npy] [--out-dtype same|f32]
+//!           [--do dO.npy [--dq dq.npy] [--dk dk.npy] [--dv dv.npy] [--dparam NAME=FILE.npy ...]]
 //! ```
 //!
 //! Q is `[batch, seq_q, heads_q, d]`, K and V `[batch, seq_k, heads_kv, d]` (see `npy` for the
@@ -11,6 +13,13 @@
 //! params are read from `.npy` files and converted to the declared element type; scalars are
 //! given inline. O is written in the variant's dtype (bf16 as `'<V2'`, see `npy`) or as f32 with
 //! `--out-dtype f32`; the LSE `[batch, heads_q, seq_q]` as f32.
+//!
+//! With `--do` (dO, the gradient of the loss with respect to O, shaped like O and rounded to the
+//! variant's dtype like the inputs), the backward pass runs after the forward on its O and LSE:
+//! dQ, dK and dV are written like O (`--out-dtype` applies), and each `--dparam` gradient of an
+//! `f32` parameter the score depends on as f32 with the parameter's shape (`[1]` for a scalar).
+//! Gradient flags without `--do`, and `--dparam` naming a parameter without a gradient, are
+//! errors found before the GPU is touched.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,10 +28,13 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use flash_dsl::eval::{tensor_shape, Sizes};
+use flash_dsl::plan::{backward_pipeline, default_backward_config, grad_params};
 use flash_dsl::spec::{ParamKind, ScalarTy};
 use flash_dsl::{DType, VariantSpec};
 
 use crate::error::FlashError;
+use crate::launch::backward::{BackwardGrads, BackwardInputs, LseRef};
 use crate::launch::{LseMut, Runtime, TensorMut, TensorRef};
 use crate::npy::{NpyArray, NpyData};
 use crate::variant::ParamArg;
@@ -51,9 +63,26 @@ pub struct RunArgs {
     /// Where to write the LSE (f32, natural log).
     #[arg(long)]
     pub lse: Option<PathBuf>,
-    /// Element type of the written O.
+    /// Element type of the written O (and dQ, dK, dV).
     #[arg(long, value_enum, default_value = "same")]
     pub out_dtype: OutDType,
+    /// dO, the gradient of the loss with respect to O (shaped like O): runs the backward pass
+    /// after the forward.
+    #[arg(long = "do", value_name = "DO")]
+    pub d_o: Option<PathBuf>,
+    /// Where to write dQ (needs --do).
+    #[arg(long)]
+    pub dq: Option<PathBuf>,
+    /// Where to write dK (needs --do).
+    #[arg(long)]
+    pub dk: Option<PathBuf>,
+    /// Where to write dV (needs --do).
+    #[arg(long)]
+    pub dv: Option<PathBuf>,
+    /// Where to write the gradient of an f32 parameter: `NAME=FILE.npy` (f32, the parameter's
+    /// shape; repeatable; needs --do).
+    #[arg(long = "dparam")]
+    pub dparams: Vec<String>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
@@ -102,6 +131,14 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     );
     let (qs, ks, vs) = (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?);
     let given = read_params(&a.params, &spec)?;
+    let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
+    let sizes = Sizes {
+        batch: qs[0],
+        heads: qs[2],
+        seq_q: qs[1],
+        seq_k: ks[1],
+    };
+    let bwd = read_backward(a, &spec, o_shape, sizes)?;
 
     let rt = Runtime::new(a.gpu)?;
     let family = rt.info().default_family;
@@ -114,8 +151,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
             .clone_htod(&pad(bits))
             .map_err(|e| FlashError::Driver(format!("copying an input to the GPU: {e:?}")))
     };
-    let (dq, dk, dv) = (up(&q)?, up(&k)?, up(&v)?);
-    let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
+    let (q_dev, k_dev, v_dev) = (up(&q)?, up(&k)?, up(&v)?);
     let n_o: usize = o_shape.iter().product();
     let n_lse = qs[0] * qs[2] * qs[1];
     let mut o = stream
@@ -129,9 +165,9 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
 
     {
         let (tq, tk, tv) = (
-            TensorRef::new(&dq, qs, &stream),
-            TensorRef::new(&dk, ks, &stream),
-            TensorRef::new(&dv, vs, &stream),
+            TensorRef::new(&q_dev, qs, &stream),
+            TensorRef::new(&k_dev, ks, &stream),
+            TensorRef::new(&v_dev, vs, &stream),
         );
         let mut to = TensorMut::new(&mut o, o_shape, &stream);
         let mut tl = LseMut::new(&mut lse, &stream);
@@ -153,7 +189,204 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         kernel.load_ms.round(),
         kernel.outcome.as_str()
     );
+
+    let Some(bwd) = bwd else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let d_o = up(&bwd.d_o)?;
+    let alloc_half =
+        |n: usize, what: &'static str| stream.alloc_zeros::<u16>(n.max(8)).map_err(drv(what));
+    let mut gq = alloc_half(qs.iter().product(), "allocating dQ")?;
+    let mut gk = alloc_half(ks.iter().product(), "allocating dK")?;
+    let mut gv = alloc_half(vs.iter().product(), "allocating dV")?;
+    // One buffer per requested parameter gradient, by param index; the others are scratch
+    // inside the backward pass.
+    let mut gparams: Vec<Option<CudaSlice<f32>>> = Vec::with_capacity(spec.params.len());
+    for i in 0..spec.params.len() {
+        gparams.push(match bwd.dparams.iter().find(|d| d.index == i) {
+            Some(d) => Some(
+                stream
+                    .alloc_zeros::<f32>(d.shape.iter().product::<usize>().max(1))
+                    .map_err(drv("allocating a parameter gradient"))?,
+            ),
+            None => None,
+        });
+    }
+    {
+        let input = BackwardInputs {
+            q: TensorRef::new(&q_dev, qs, &stream),
+            k: TensorRef::new(&k_dev, ks, &stream),
+            v: TensorRef::new(&v_dev, vs, &stream),
+            o: TensorRef::new(&o, o_shape, &stream),
+            d_o: TensorRef::new(&d_o, o_shape, &stream),
+            lse: LseRef::new(&lse, &stream),
+        };
+        let mut grads = BackwardGrads {
+            dq: TensorMut::new(&mut gq, qs, &stream),
+            dk: TensorMut::new(&mut gk, ks, &stream),
+            dv: TensorMut::new(&mut gv, vs, &stream),
+            dparams: gparams.iter_mut().map(|g| g.as_mut()).collect(),
+        };
+        rt.backward_spec(&spec, None, &input, &args, &mut grads)?;
+    }
+    rt.synchronize()?;
+    for (path, buf, shape) in [(&a.dq, &gq, qs), (&a.dk, &gk, ks), (&a.dv, &gv, vs)] {
+        if let Some(path) = path {
+            let host: Vec<u16> = stream
+                .clone_dtoh(buf)
+                .map_err(drv("copying a gradient back"))?;
+            let n = shape.iter().product();
+            write_half(path, a.out_dtype, spec.dtype, shape.to_vec(), &host[..n])?;
+        }
+    }
+    for d in &bwd.dparams {
+        let buf = gparams[d.index].as_ref().expect("allocated above");
+        let host: Vec<f32> = stream
+            .clone_dtoh(buf)
+            .map_err(drv("copying a parameter gradient back"))?;
+        let n: usize = d.shape.iter().product();
+        NpyArray::new(d.shape.clone(), NpyData::F32(host[..n].to_vec()))?.write(&d.path)?;
+    }
+    eprintln!(
+        "backward of {} on {}: wrote {}",
+        spec.name,
+        rt.info().name,
+        [("dq", &a.dq), ("dk", &a.dk), ("dv", &a.dv)]
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(n, _)| n.to_string())
+            .chain(bwd.dparams.iter().map(|d| format!("d{}", d.name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--do` asks for, read and checked before the GPU is touched.
+struct BackwardRequest {
+    d_o: NpyArray,
+    dparams: Vec<DParam>,
+}
+
+/// One `--dparam NAME=FILE.npy`.
+struct DParam {
+    name: String,
+    index: usize,
+    /// The parameter's shape (`[1]` for a scalar).
+    shape: Vec<usize>,
+    path: PathBuf,
+}
+
+/// Checks the gradient flags: none without `--do`; with it, dO shaped like O, at least one
+/// gradient to write, each `--dparam` an `f32` parameter the score depends on (once), and a
+/// backward pass the planner supports for this spec.
+fn read_backward(
+    a: &RunArgs,
+    spec: &VariantSpec,
+    o_shape: [usize; 4],
+    sizes: Sizes,
+) -> Result<Option<BackwardRequest>, FlashError> {
+    let mut wanted: Vec<&str> = [("--dq", &a.dq), ("--dk", &a.dk), ("--dv", &a.dv)]
+        .iter()
+        .filter(|(_, p)| p.is_some())
+        .map(|(n, _)| *n)
+        .collect();
+    if !a.dparams.is_empty() {
+        wanted.push("--dparam");
+    }
+    let Some(d_o_path) = &a.d_o else {
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        return Err(invalid(format!(
+            "{} {} --do dO.npy: gradients come from the backward pass, which starts from dO, \
+             the gradient of the loss with respect to O",
+            wanted.join(", "),
+            if wanted.len() == 1 { "needs" } else { "need" }
+        )));
+    };
+    if wanted.is_empty() {
+        return Err(invalid(
+            "--do runs the backward pass, but no gradient is asked for: pass --dq, --dk, --dv \
+             or --dparam NAME=FILE.npy",
+        ));
+    }
+    backward_pipeline(spec, default_backward_config()).map_err(|e| FlashError::Plan {
+        variant: spec.name.clone(),
+        message: format!("no backward pass: {e}"),
+    })?;
+    let mut dparams: Vec<DParam> = Vec::new();
+    for p in &a.dparams {
+        let (name, file) = p
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--dparam takes NAME=FILE.npy; got `{p}`")))?;
+        let index = spec.param_index(name).ok_or_else(|| {
+            invalid(format!(
+                "--dparam: `{}` has no param `{name}`; it declares: {}",
+                spec.name,
+                declared(spec)
+            ))
+        })?;
+        let shape = match &spec.params[index].kind {
+            ParamKind::Scalar(ScalarTy::F32) => vec![1],
+            ParamKind::Tensor {
+                elem: ScalarTy::F32,
+                dims,
+            } => tensor_shape(dims, sizes),
+            ParamKind::Scalar(t) => {
+                return Err(invalid(format!(
+                    "--dparam: param `{name}` is an {} scalar; only f32 params have gradients",
+                    t.name()
+                )))
+            }
+            ParamKind::Tensor { elem, .. } => {
+                return Err(invalid(format!(
+                    "--dparam: param `{name}` is an {} tensor; only f32 params have gradients",
+                    elem.name()
+                )))
+            }
+        };
+        if !grad_params(spec).contains(&index) {
+            return Err(invalid(format!(
+                "--dparam: the score of `{}` does not depend on `{name}`; it has no gradient",
+                spec.name
+            )));
+        }
+        if dparams.iter().any(|d| d.index == index) {
+            return Err(invalid(format!("--dparam: `{name}` is given twice")));
+        }
+        if file.is_empty() {
+            return Err(invalid(format!(
+                "--dparam takes NAME=FILE.npy; got no file for `{name}`"
+            )));
+        }
+        dparams.push(DParam {
+            name: name.to_string(),
+            index,
+            shape,
+            path: PathBuf::from(file),
+        });
+    }
+    let d_o = NpyArray::read(d_o_path)?;
+    let got = shape4("do", &d_o)?;
+    if got != o_shape {
+        return Err(invalid(format!(
+            "--do must have O's shape {o_shape:?} ([batch, seq_q, heads_q, head_dim_v]); got {got:?}"
+        )));
+    }
+    Ok(Some(BackwardRequest { d_o, dparams }))
+}
+
+/// The declared param names, for error messages.
+fn declared(spec: &VariantSpec) -> String {
+    if spec.params.is_empty() {
+        return "no params".to_string();
+    }
+    spec.params
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The one declaration `flash run` runs: `--name` narrows a multi-variant file, and running
@@ -193,11 +426,7 @@ fn read_params(
             return Err(invalid(format!(
                 "`{}` has no param `{name}`; it declares: {}",
                 spec.name,
-                spec.params
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                declared(spec)
             )));
         }
         let v = if value.ends_with(".npy") {
@@ -354,20 +583,31 @@ fn write_outputs(
     o_host: &[u16],
     lse_host: &[f32],
 ) -> Result<(), FlashError> {
-    let o_host = o_host.to_vec();
-    let o_data = match (a.out_dtype, dtype) {
-        (OutDType::Same, DType::Bf16) => NpyData::Bf16(o_host),
-        (OutDType::Same, DType::F16) => NpyData::F16(o_host),
-        (OutDType::F32, dtype) => {
-            NpyData::F32(o_host.iter().map(|&b| dtype.from_bits(b) as f32).collect())
-        }
-    };
-    NpyArray::new(o_shape.to_vec(), o_data)?.write(&a.out)?;
+    write_half(&a.out, a.out_dtype, dtype, o_shape.to_vec(), o_host)?;
     if let Some(p) = &a.lse {
         let [batch, seq_q, heads_q, _] = o_shape;
         NpyArray::new(vec![batch, heads_q, seq_q], NpyData::F32(lse_host.to_vec()))?.write(p)?;
     }
     Ok(())
+}
+
+/// Writes a tensor held as `dtype` bits: as is (`--out-dtype same`) or widened to f32.
+fn write_half(
+    path: &std::path::Path,
+    out: OutDType,
+    dtype: DType,
+    shape: Vec<usize>,
+    bits: &[u16],
+) -> Result<(), FlashError> {
+    let bits = bits.to_vec();
+    let data = match (out, dtype) {
+        (OutDType::Same, DType::Bf16) => NpyData::Bf16(bits),
+        (OutDType::Same, DType::F16) => NpyData::F16(bits),
+        (OutDType::F32, dtype) => {
+            NpyData::F32(bits.iter().map(|&b| dtype.from_bits(b) as f32).collect())
+        }
+    };
+    NpyArray::new(shape, data)?.write(path)
 }
 
 /// Never allocates zero elements (the driver refuses empty allocations); the launch checks use

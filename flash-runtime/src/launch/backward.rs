@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flash_dsl::plan::backward::{
-    backward_config_is_valid, plan_backward_main, plan_backward_pre, plan_dq_convert,
+    backward_config_is_valid, plan_backward_main, plan_backward_pre, plan_dq_convert, uniform_terms,
 };
 use flash_dsl::plan::{default_backward_config, grad_params, KernelKind};
 use flash_dsl::spec::ScalarTy;
@@ -123,6 +123,21 @@ impl Runtime {
         let (acc_ptr, _s2) = acc.device_ptr_mut(&self.stream);
         let delta_op = flat(delta_ptr, n_delta, me);
         let acc_op = flat(acc_ptr, n_acc, me);
+        // Row sums of the uniform-term correction (see `plan::backward::grad_terms`): `zsum`
+        // and one `pw<u>` per uniform term, zeroed by the pre-processing kernel.
+        let mut fix_bufs: Vec<CudaSlice<f32>> = Vec::new();
+        for _ in 0..uniform_terms(spec).min(1) + uniform_terms(spec) {
+            fix_bufs.push(
+                self.stream
+                    .alloc_zeros::<f32>(n_delta)
+                    .map_err(|e| driver("allocating correction sums", e))?,
+            );
+        }
+        let mut fix_ops = Vec::new();
+        for buf in fix_bufs.iter_mut() {
+            let (ptr, _sync) = buf.device_ptr_mut(&self.stream);
+            fix_ops.push(flat(ptr, n_delta, me));
+        }
 
         // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.
         let wanted = grad_params(spec);
@@ -163,16 +178,26 @@ impl Runtime {
         let lse = flat(input.lse.ptr, input.lse.len, input.lse.ctx);
         let t = |r: &TensorRef<'_>| OperandArg::from(&r.desc);
         let m = |r: &TensorMut<'_>| OperandArg::from(&r.desc);
+        let with_fix = |mut v: Vec<OperandArg>| {
+            v.extend(fix_ops.iter().cloned());
+            v
+        };
+        let fixing = !fix_ops.is_empty();
         let launches = [
             self.prepare(
                 &pre,
-                &[t(&input.o), t(&input.d_o), delta_op.clone(), acc_op.clone()],
+                &with_fix(vec![
+                    t(&input.o),
+                    t(&input.d_o),
+                    delta_op.clone(),
+                    acc_op.clone(),
+                ]),
                 &[],
                 &[],
             )?,
             self.prepare(
                 &main,
-                &[
+                &with_fix(vec![
                     t(&input.q),
                     t(&input.k),
                     t(&input.v),
@@ -182,11 +207,16 @@ impl Runtime {
                     acc_op.clone(),
                     m(&grads.dk),
                     m(&grads.dv),
-                ],
+                ]),
                 params,
                 &grad_args,
             )?,
-            self.prepare(&conv, &[acc_op, m(&grads.dq)], &[], &[])?,
+            self.prepare(
+                &conv,
+                &with_fix(vec![acc_op, m(&grads.dq)]),
+                if fixing { params } else { &[] },
+                if fixing { &grad_args } else { &[] },
+            )?,
         ];
         for l in &launches {
             self.launch_checked(l)?;
@@ -194,6 +224,7 @@ impl Runtime {
         // The scratch buffers are freed on the stream, ordered after the kernels.
         drop(launches);
         drop(scratch);
+        drop(fix_bufs);
         Ok(())
     }
 
