@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use flash_dsl::files::load_flash_dir;
+use flash_dsl::plan::backward::backward_pipeline_with;
 use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelKind};
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
@@ -45,10 +46,19 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
                         jobs.push((p.clone(), arch));
                     }
                 }
+                // The deterministic mode's pre-processing and main kernels (sm_90a, bf16).
+                if dtype == DType::Bf16 {
+                    let det = backward_pipeline_with(&s, default_backward_config(), true)
+                        .unwrap_or_else(|e| panic!("{} d{d}: {e}", s.name));
+                    for p in det.kernels.into_iter().take(2) {
+                        assert!(p.deterministic && p.kernel_name.ends_with("_det"));
+                        jobs.push((p, "sm_90a"));
+                    }
+                }
             }
         }
     }
-    assert_eq!(jobs.len(), 9 * 2 * 2 * 3 * 2, "nine example variants");
+    assert_eq!(jobs.len(), 9 * 2 * (2 * 3 * 2 + 2), "nine example variants");
     let rows = Mutex::new(vec![]);
     let next = Mutex::new(0usize);
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());

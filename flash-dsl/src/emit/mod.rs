@@ -123,6 +123,7 @@ struct Context {
     grad_element_body: String,
     grad_flush_body: String,
     grad_fix_body: String,
+    deterministic: bool,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -262,6 +263,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_element_body: grads.element,
         grad_flush_body: grads.flush,
         grad_fix_body: grads.fix,
+        deterministic: plan.deterministic,
     };
     let mut hb = Handlebars::new();
     hb.set_strict_mode(true);

@@ -150,6 +150,7 @@ fn rows_plan(
     kind: KernelKind,
     operands: Vec<Operand>,
     grads: bool,
+    deterministic: bool,
 ) -> Result<KernelPlan, PlanError> {
     let config = TileConfig {
         block_m: ROWS_PER_BLOCK,
@@ -183,12 +184,45 @@ fn rows_plan(
             smem_bytes: 0,
         },
         mask: None,
-        kernel_name: kernel_name(kind, spec, &config),
+        kernel_name: det_name(kernel_name(kind, spec, &config), deterministic),
+        deterministic,
     })
+}
+
+fn det_name(name: String, deterministic: bool) -> String {
+    if deterministic {
+        name + "_det"
+    } else {
+        name
+    }
+}
+
+/// The semaphores of the deterministic mode: one per (batch, head, query tile), sized by seq_q
+/// (the first `ceil(seq_q / 64)` of each row are used).
+fn det_operands(deterministic: bool, role: Role) -> Vec<Operand> {
+    if deterministic {
+        vec![Operand::new(
+            "dq_sem",
+            role,
+            OperandType::I32,
+            &[Batch, HeadsQ, SeqQ],
+            Layout::Contiguous,
+        )]
+    } else {
+        Vec::new()
+    }
 }
 
 /// `delta = rowsum(dO ∘ O)` and a zeroed dQ accumulator.
 pub fn plan_backward_pre(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
+    plan_backward_pre_with(spec, false)
+}
+
+/// [`plan_backward_pre`], also zeroing the semaphores of the deterministic mode.
+pub fn plan_backward_pre_with(
+    spec: &VariantSpec,
+    deterministic: bool,
+) -> Result<KernelPlan, PlanError> {
     let mut ops = vec![
         strided("o", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
         strided("dout", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimV]),
@@ -196,7 +230,8 @@ pub fn plan_backward_pre(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
         flat_f32("dq_accum", Role::Output, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
     ];
     ops.extend(fix_operands(spec, Role::Output));
-    rows_plan(spec, KernelKind::BackwardPre, ops, false)
+    ops.extend(det_operands(deterministic, Role::Output));
+    rows_plan(spec, KernelKind::BackwardPre, ops, false, deterministic)
 }
 
 /// The fp32 dQ accumulator into dQ.
@@ -207,7 +242,7 @@ pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
     ];
     ops.extend(fix_operands(spec, Role::Input));
     let fix = uniform_terms(spec) > 0;
-    rows_plan(spec, KernelKind::DqConvert, ops, fix)
+    rows_plan(spec, KernelKind::DqConvert, ops, fix, false)
 }
 
 /// Shared memory of the main kernel: K and V of the block; Q and dO of this step and the next
@@ -223,6 +258,15 @@ pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 
 /// The main backward kernel.
 pub fn plan_backward_main(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    plan_backward_main_with(spec, config, false)
+}
+
+/// [`plan_backward_main`], in the deterministic mode when asked.
+pub fn plan_backward_main_with(
+    spec: &VariantSpec,
+    config: TileConfig,
+    deterministic: bool,
+) -> Result<KernelPlan, PlanError> {
     backward_config_is_valid(spec, &config)?;
     let operands = vec![
         strided("q", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
@@ -238,6 +282,7 @@ pub fn plan_backward_main(spec: &VariantSpec, config: TileConfig) -> Result<Kern
     // Row sums for the uniform-term correction, added into by atomics.
     let mut operands = operands;
     operands.extend(fix_operands(spec, Role::Output));
+    operands.extend(det_operands(deterministic, Role::Output));
     let grads: Vec<ArgField> = grad_params(spec)
         .into_iter()
         .map(ArgField::ParamGrad)
@@ -257,16 +302,29 @@ pub fn plan_backward_main(spec: &VariantSpec, config: TileConfig) -> Result<Kern
             smem_bytes: backward_smem_bytes(spec, &config),
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
-        kernel_name: kernel_name(KernelKind::BackwardMain, spec, &config),
+        kernel_name: det_name(
+            kernel_name(KernelKind::BackwardMain, spec, &config),
+            deterministic,
+        ),
+        deterministic,
     })
 }
 
 /// The backward pass: pre-processing, main, dQ convert, in launch order.
 pub fn backward_pipeline(spec: &VariantSpec, config: TileConfig) -> Result<Pipeline, PlanError> {
+    backward_pipeline_with(spec, config, false)
+}
+
+/// [`backward_pipeline`], in the deterministic mode when asked.
+pub fn backward_pipeline_with(
+    spec: &VariantSpec,
+    config: TileConfig,
+    deterministic: bool,
+) -> Result<Pipeline, PlanError> {
     Ok(Pipeline {
         kernels: vec![
-            plan_backward_pre(spec)?,
-            plan_backward_main(spec, config)?,
+            plan_backward_pre_with(spec, deterministic)?,
+            plan_backward_main_with(spec, config, deterministic)?,
             plan_dq_convert(spec)?,
         ],
     })

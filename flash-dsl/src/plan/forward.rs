@@ -94,5 +94,6 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),
+        deterministic: false,
     })
 }

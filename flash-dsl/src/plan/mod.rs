@@ -92,6 +92,10 @@ pub struct KernelPlan {
     pub mask: Option<MaskPlan>,
     /// The kernel's entry-point name; spells out the configuration.
     pub kernel_name: String,
+    /// Backward kernels: dQ is accumulated in a fixed order (key tile by key tile, through a
+    /// semaphore per query tile), so it is bit-identical across runs; slower.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deterministic: bool,
 }
 
 impl KernelPlan {

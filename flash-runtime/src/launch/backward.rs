@@ -11,7 +11,8 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flash_dsl::plan::backward::{
-    backward_config_is_valid, plan_backward_main, plan_backward_pre, plan_dq_convert, uniform_terms,
+    backward_config_is_valid, plan_backward_main_with, plan_backward_pre_with, plan_dq_convert,
+    uniform_terms,
 };
 use flash_dsl::plan::{default_backward_config, grad_params, KernelKind};
 use flash_dsl::spec::ScalarTy;
@@ -77,6 +78,16 @@ fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
     }
 }
 
+/// How to run the backward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackwardOptions {
+    /// Forces the main kernel's tile configuration (default: `default_backward_config()`).
+    pub config: Option<TileConfig>,
+    /// dQ bit-identical across runs: key tiles add into each query tile's dQ in a fixed order,
+    /// through a semaphore per query tile (slower; dK and dV are deterministic either way).
+    pub deterministic: bool,
+}
+
 impl Runtime {
     /// The backward pass of `spec` (see the module doc): checks every launch against the plans
     /// (shapes, dtypes, strides, alignment, buffer extents, devices, params and gradient
@@ -90,19 +101,36 @@ impl Runtime {
         params: &[ParamArg<'_>],
         grads: &mut BackwardGrads<'_>,
     ) -> Result<(), FlashError> {
-        let cfg = config.unwrap_or_else(default_backward_config);
+        let opts = BackwardOptions {
+            config,
+            deterministic: false,
+        };
+        self.backward_spec_with(spec, &opts, input, params, grads)
+    }
+
+    /// [`Runtime::backward_spec`] with [`BackwardOptions`] (e.g. the deterministic mode).
+    pub fn backward_spec_with(
+        &self,
+        spec: &VariantSpec,
+        opts: &BackwardOptions,
+        input: &BackwardInputs<'_>,
+        params: &[ParamArg<'_>],
+        grads: &mut BackwardGrads<'_>,
+    ) -> Result<(), FlashError> {
+        let det = opts.deterministic;
+        let cfg = opts.config.unwrap_or_else(default_backward_config);
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
         };
         backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
-        let pre = self.load_kind(KernelKind::BackwardPre, spec, None, || {
-            plan_backward_pre(spec).map_err(plan_err)
+        let pre = self.load_kind((KernelKind::BackwardPre, det), spec, None, || {
+            plan_backward_pre_with(spec, det).map_err(plan_err)
         })?;
-        let main = self.load_kind(KernelKind::BackwardMain, spec, Some(cfg), || {
-            plan_backward_main(spec, cfg).map_err(plan_err)
+        let main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
+            plan_backward_main_with(spec, cfg, det).map_err(plan_err)
         })?;
-        let conv = self.load_kind(KernelKind::DqConvert, spec, None, || {
+        let conv = self.load_kind((KernelKind::DqConvert, false), spec, None, || {
             plan_dq_convert(spec).map_err(plan_err)
         })?;
 
@@ -137,6 +165,25 @@ impl Runtime {
         for buf in fix_bufs.iter_mut() {
             let (ptr, _sync) = buf.device_ptr_mut(&self.stream);
             fix_ops.push(flat(ptr, n_delta, me));
+        }
+        // The deterministic mode's semaphores, zeroed by the pre-processing kernel.
+        let mut sem_buf: Option<CudaSlice<i32>> = None;
+        let mut sem_ops = Vec::new();
+        if det {
+            let buf = sem_buf.insert(
+                self.stream
+                    .alloc_zeros::<i32>(n_delta)
+                    .map_err(|e| driver("allocating the dQ semaphores", e))?,
+            );
+            let (ptr, _sync) = buf.device_ptr_mut(&self.stream);
+            sem_ops.push(OperandArg {
+                ptr,
+                len: n_delta,
+                shape: None,
+                strides: Vec::new(),
+                elem: ElemType::I32,
+                ctx: me,
+            });
         }
 
         // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.
@@ -182,22 +229,26 @@ impl Runtime {
             v.extend(fix_ops.iter().cloned());
             v
         };
+        let with_sem = |mut v: Vec<OperandArg>| {
+            v.extend(sem_ops.iter().cloned());
+            v
+        };
         let fixing = !fix_ops.is_empty();
         let launches = [
             self.prepare(
                 &pre,
-                &with_fix(vec![
+                &with_sem(with_fix(vec![
                     t(&input.o),
                     t(&input.d_o),
                     delta_op.clone(),
                     acc_op.clone(),
-                ]),
+                ])),
                 &[],
                 &[],
             )?,
             self.prepare(
                 &main,
-                &with_fix(vec![
+                &with_sem(with_fix(vec![
                     t(&input.q),
                     t(&input.k),
                     t(&input.v),
@@ -207,7 +258,7 @@ impl Runtime {
                     acc_op.clone(),
                     m(&grads.dk),
                     m(&grads.dv),
-                ]),
+                ])),
                 params,
                 &grad_args,
             )?,
@@ -225,6 +276,7 @@ impl Runtime {
         drop(launches);
         drop(scratch);
         drop(fix_bufs);
+        drop(sem_buf);
         Ok(())
     }
 

@@ -96,8 +96,9 @@ pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, Fla
     Ok(family)
 }
 
-/// Loaded kernels by the (kind, spec, forced configuration) they were loaded for.
-type KernelMemo = HashMap<(KernelKind, VariantSpec, Option<TileConfig>), Arc<LoadedKernel>>;
+/// Loaded kernels by the (kind, spec, forced configuration, deterministic mode) they were
+/// loaded for.
+type KernelMemo = HashMap<(KernelKind, VariantSpec, Option<TileConfig>, bool), Arc<LoadedKernel>>;
 
 /// One CUDA context and stream on one GPU, with its kernel cache.
 pub struct Runtime {
@@ -229,7 +230,7 @@ impl Runtime {
         spec: &VariantSpec,
         config: Option<TileConfig>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
-        self.load_kind(KernelKind::Forward, spec, config, || {
+        self.load_kind((KernelKind::Forward, false), spec, config, || {
             self.plan(spec, config)
         })
     }
@@ -238,12 +239,12 @@ impl Runtime {
     /// the first load of (kind, spec, config).
     pub(crate) fn load_kind(
         &self,
-        kind: KernelKind,
+        (kind, deterministic): (KernelKind, bool),
         spec: &VariantSpec,
         config: Option<TileConfig>,
         plan: impl FnOnce() -> Result<KernelPlan, FlashError>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
-        let key = (kind, spec.clone(), config);
+        let key = (kind, spec.clone(), config, deterministic);
         if let Some(k) = self.lock_kernels().get(&key) {
             return Ok(k.clone());
         }

@@ -17,6 +17,7 @@ pub enum ElemType {
     /// 16-bit dtype; the caller vouches for the interpretation.
     Bits16,
     F32,
+    I32,
 }
 
 impl ElemType {
@@ -30,7 +31,8 @@ impl ElemType {
             (ElemType::Bits16, OperandType::Storage(d)) => d.size() == 2,
             (ElemType::Bf16, OperandType::Storage(DType::Bf16))
             | (ElemType::F16, OperandType::Storage(DType::F16))
-            | (ElemType::F32, OperandType::F32) => true,
+            | (ElemType::F32, OperandType::F32)
+            | (ElemType::I32, OperandType::I32) => true,
             _ => false,
         }
     }
@@ -38,7 +40,7 @@ impl ElemType {
     pub fn size(self) -> usize {
         match self {
             ElemType::Bf16 | ElemType::F16 | ElemType::Bits16 => 2,
-            ElemType::F32 => 4,
+            ElemType::F32 | ElemType::I32 => 4,
         }
     }
     pub fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl ElemType {
             ElemType::F16 => "f16",
             ElemType::Bits16 => "u16",
             ElemType::F32 => "f32",
+            ElemType::I32 => "i32",
         }
     }
 }
@@ -66,6 +69,9 @@ impl TensorElem for u16 {
 }
 impl TensorElem for f32 {
     const ELEM: ElemType = ElemType::F32;
+}
+impl TensorElem for i32 {
+    const ELEM: ElemType = ElemType::I32;
 }
 
 /// Pointer, extent and layout of one 4-d tensor, without a borrow.

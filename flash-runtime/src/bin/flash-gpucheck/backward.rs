@@ -232,3 +232,105 @@ fn grad_values(g: &Gradients, i: usize) -> Vec<f64> {
         _ => Vec::new(),
     }
 }
+
+/// The deterministic mode: three backward runs give bit-identical dQ (and dK, dV), close to the
+/// default mode's dQ. One line per variant.
+pub fn check_deterministic(rt: &Runtime, spec: &VariantSpec) -> Result<(bool, String), FlashError> {
+    use flash_runtime::launch::backward::BackwardOptions;
+    let dt = spec.dtype;
+    let st = rt.stream();
+    let drv = |what: &'static str| move |e| FlashError::Driver(format!("{what}: {e:?}"));
+    let (b, sq, sk, hq, hkv) = (2usize, 300usize, 300usize, 4usize, 2usize);
+    let (d, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+    let mut rng = Rng(99);
+    let sizes = Sizes {
+        batch: b,
+        heads: hq,
+        seq_q: sq,
+        seq_k: sk,
+    };
+    let params = random_params(spec, sizes, &mut rng);
+    let (qb, _) = draw(&mut rng, b * sq * hq * d, dt);
+    let (kb, _) = draw(&mut rng, b * sk * hkv * d, dt);
+    let (vb, _) = draw(&mut rng, b * sk * hkv * dv, dt);
+    let (dob, _) = draw(&mut rng, b * sq * hq * dv, dt);
+    let (qs, ks, vs, os) = (
+        [b, sq, hq, d],
+        [b, sk, hkv, d],
+        [b, sk, hkv, dv],
+        [b, sq, hq, dv],
+    );
+    let q = st.clone_htod(&qb).map_err(drv("copying Q"))?;
+    let k = st.clone_htod(&kb).map_err(drv("copying K"))?;
+    let v = st.clone_htod(&vb).map_err(drv("copying V"))?;
+    let dout = st.clone_htod(&dob).map_err(drv("copying dO"))?;
+    let mut o = st.alloc_zeros::<u16>(b * sq * hq * dv).map_err(drv("O"))?;
+    let mut lse = st.alloc_zeros::<f32>(b * hq * sq).map_err(drv("LSE"))?;
+    let dparams = upload_params(rt, &params)?;
+    let args = param_args(rt, &params, &dparams);
+    let (tq, tk, tv) = (
+        TensorRef::new(&q, qs, st),
+        TensorRef::new(&k, ks, st),
+        TensorRef::new(&v, vs, st),
+    );
+    let kernel = rt.load(spec, None)?;
+    rt.forward(
+        &kernel,
+        &tq,
+        &tk,
+        &tv,
+        &mut TensorMut::new(&mut o, os, st),
+        &mut LseMut::new(&mut lse, st),
+        &args,
+    )?;
+    let mut runs: Vec<(Vec<u16>, Vec<u16>, Vec<u16>)> = Vec::new();
+    for det in [true, true, true, false] {
+        let mut dq = st.alloc_zeros::<u16>(b * sq * hq * d).map_err(drv("dQ"))?;
+        let mut dk = st.alloc_zeros::<u16>(b * sk * hkv * d).map_err(drv("dK"))?;
+        let mut dvb = st
+            .alloc_zeros::<u16>(b * sk * hkv * dv)
+            .map_err(drv("dV"))?;
+        {
+            let input = BackwardInputs {
+                q: tq,
+                k: tk,
+                v: tv,
+                o: TensorRef::new(&o, os, st),
+                d_o: TensorRef::new(&dout, os, st),
+                lse: LseRef::new(&lse, st),
+            };
+            let mut grads = BackwardGrads {
+                dq: TensorMut::new(&mut dq, qs, st),
+                dk: TensorMut::new(&mut dk, ks, st),
+                dv: TensorMut::new(&mut dvb, vs, st),
+                dparams: Vec::new(),
+            };
+            let opts = BackwardOptions {
+                config: None,
+                deterministic: det,
+            };
+            rt.backward_spec_with(spec, &opts, &input, &args, &mut grads)?;
+        }
+        rt.synchronize()?;
+        runs.push((
+            st.clone_dtoh(&dq).map_err(drv("dQ back"))?,
+            st.clone_dtoh(&dk).map_err(drv("dK back"))?,
+            st.clone_dtoh(&dvb).map_err(drv("dV back"))?,
+        ));
+    }
+    let same = runs[0] == runs[1] && runs[1] == runs[2];
+    let f = |x: &[u16]| -> Vec<f64> { x.iter().map(|&b| dt.from_bits(b)).collect() };
+    let diff = max_abs_diff(&f(&runs[0].0), &f(&runs[3].0));
+    let scale = f(&runs[3].0).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let ok = same && diff <= 1e-2 * scale.max(1.0);
+    Ok((
+        ok,
+        format!(
+            "{} det {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  3 runs bit-identical: {same}; |dQ_det - dQ_default| {diff:.2e} (max|dQ| {scale:.2e})",
+            if ok { "ok  " } else { "FAIL" },
+            spec.name,
+            dt.name(),
+            d
+        ),
+    ))
+}

@@ -55,7 +55,12 @@ fn time_one(
     spec: &VariantSpec,
     pv: &ParamValues,
     (b, n, h): (usize, usize, usize),
+    deterministic: bool,
 ) -> Result<f32, FlashError> {
+    let opts = flash_runtime::launch::backward::BackwardOptions {
+        config: None,
+        deterministic,
+    };
     let st = rt.stream();
     let drv = |what: &'static str| move |e| FlashError::Driver(format!("{what}: {e:?}"));
     let shape = [b, n, h, spec.head_dim_qk as usize];
@@ -80,12 +85,12 @@ fn time_one(
     let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
     let (start, end) = (ev().map_err(drv("event"))?, ev().map_err(drv("event"))?);
     for _ in 0..2 {
-        rt.backward_spec(spec, None, &input, &args, &mut grads)?;
+        rt.backward_spec_with(spec, &opts, &input, &args, &mut grads)?;
     }
     let mut times = Vec::new();
     for _ in 0..if n >= 16384 { 5 } else { 10 } {
         start.record(st).map_err(drv("recording"))?;
-        rt.backward_spec(spec, None, &input, &args, &mut grads)?;
+        rt.backward_spec_with(spec, &opts, &input, &args, &mut grads)?;
         end.record(st).map_err(drv("recording"))?;
         end.synchronize().map_err(drv("waiting"))?;
         times.push(start.elapsed_ms(&end).map_err(drv("reading"))?);
@@ -118,7 +123,7 @@ pub fn timing_backward(
                     d as u32,
                     DType::Bf16,
                 );
-                let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h))?;
+                let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h), false)?;
                 let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let tf = fl / ms as f64 / 1e9;
                 println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
@@ -127,6 +132,23 @@ pub fn timing_backward(
                     "ms": ms, "tflops": tf}));
             }
         }
+    }
+    // The deterministic mode's cost, dense and causal at d=128.
+    for causal in [false, true] {
+        let (d, n) = (128usize, 4096usize);
+        let (b, h) = (16384 / n, 2048 / d);
+        let spec = with(
+            &get(if causal { "Causal" } else { "Dense" })?,
+            d as u32,
+            DType::Bf16,
+        );
+        let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h), true)?;
+        let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
+        let tf = fl / ms as f64 / 1e9;
+        println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash deterministic {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
+        rows.push(json!({"gpu": gpu, "backend": "flash", "variant": if causal {"causal"} else {"dense"},
+            "dtype": "bf16", "d": d, "n": n, "b": b, "h": h, "causal": causal, "mode": "bwd_deterministic",
+            "ms": ms, "tflops": tf}));
     }
     let (d, h) = (128usize, 16usize);
     for n in [4096usize, 16384] {
@@ -162,7 +184,7 @@ pub fn timing_backward(
         ];
         for (label, name, pv) in cases {
             let spec = with(&get(name)?, 128, DType::Bf16);
-            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h))?;
+            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false)?;
             let dens = density(label, n, &docs);
             let tf = 2.5 * 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
             println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} {label:18} density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful)");

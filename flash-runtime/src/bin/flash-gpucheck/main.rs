@@ -211,6 +211,26 @@ fn main() -> ExitCode {
             n - fails
         );
         failed |= fails > 0;
+        let (mut dn, mut dfails) = (0, 0);
+        for spec in &specs {
+            let s = with(spec, 128, DType::Bf16);
+            dn += 1;
+            match backward::check_deterministic(&rt, &s) {
+                Ok((ok, line)) => {
+                    dfails += usize::from(!ok);
+                    println!("{line}");
+                }
+                Err(e) => {
+                    dfails += 1;
+                    println!("FAIL det {}: {e}", s.name);
+                }
+            }
+        }
+        println!(
+            "# deterministic mode: {} passed, {dfails} failed of {dn}",
+            dn - dfails
+        );
+        failed |= dfails > 0;
     }
     if do_time {
         let mut rows = Vec::new();
