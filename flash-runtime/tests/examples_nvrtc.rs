@@ -7,21 +7,14 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Mutex;
 
-use flash_dsl::files::load_flash_dir;
 use flash_dsl::plan::{default_config_for, plan, KernelFamily};
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
 
 fn examples() -> Vec<VariantSpec> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
-    load_flash_dir(&dir)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
-        .flat_map(|(_, specs)| specs)
-        .collect()
+    common::example_specs()
 }
 
 #[test]

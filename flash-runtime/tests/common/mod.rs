@@ -67,3 +67,13 @@ pub fn broken_kernel() -> CudaSource {
         threads: 32,
     }
 }
+
+/// Every declaration of `examples/variants/*.flash`, in file order.
+pub fn example_specs() -> Vec<flash_dsl::VariantSpec> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/variants");
+    flash_dsl::files::load_flash_dir(&dir)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .flat_map(|(_, specs)| specs)
+        .collect()
+}

@@ -4,7 +4,7 @@
 //! median of several runs. FLOPs: 2.5× the forward's, as the FlashAttention papers count them
 //! (useful FLOPs, × mask density, for the variants).
 
-use flash_dsl::eval::{ParamValue, ParamValues};
+use flash_dsl::eval::ParamValues;
 use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::{DType, VariantSpec};
 use flash_runtime::cudarc::driver::{sys, CudaSlice};
@@ -13,7 +13,7 @@ use flash_runtime::{FlashError, Runtime, TensorMut, TensorRef};
 use serde_json::{json, Value};
 
 use crate::device::{param_args, upload_params};
-use crate::timing::density;
+use crate::timing::{density, variant_workloads};
 use crate::variants::with;
 
 struct Bufs {
@@ -153,35 +153,7 @@ pub fn timing_backward(
     let (d, h) = (128usize, 16usize);
     for n in [4096usize, 16384] {
         let b = 16384 / n;
-        let mut rng = Rng(n as u64);
-        let mut docs: Vec<i64> = (0..n).map(|_| rng.below(8) as i64).collect();
-        docs.sort();
-        let slopes: Vec<f64> = (1..=h)
-            .map(|i| (-8.0 * i as f64 / h as f64).exp2())
-            .collect();
-        let cases: [(&str, &str, ParamValues); 5] = [
-            (
-                "softcap30_causal",
-                "Softcap",
-                ParamValues::new(vec![ParamValue::Float(30.0)]),
-            ),
-            (
-                "alibi_causal",
-                "Alibi",
-                ParamValues::new(vec![ParamValue::FloatTensor(slopes)]),
-            ),
-            ("window1024_causal", "SlidingWindow", ParamValues::none()),
-            (
-                "document_causal",
-                "Document",
-                ParamValues::new(vec![ParamValue::IntTensor(docs.clone())]),
-            ),
-            (
-                "prefixlm1024",
-                "PrefixLm",
-                ParamValues::new(vec![ParamValue::Int(1024)]),
-            ),
-        ];
+        let (docs, cases) = variant_workloads(n, h);
         for (label, name, pv) in cases {
             let spec = with(&get(name)?, 128, DType::Bf16);
             let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false)?;

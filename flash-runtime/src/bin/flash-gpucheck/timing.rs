@@ -13,6 +13,44 @@ use crate::device::{param_args, upload_params};
 use crate::variants::{precompile, with};
 
 /// Fraction of visible (q, k) pairs of a peers.py variant workload at `n × n`.
+/// The peers.py variant workloads at sequence length `n` with `h` heads: (label, example
+/// variant, param values), and the sorted document ids the document mask uses.
+pub(crate) fn variant_workloads(
+    n: usize,
+    h: usize,
+) -> (Vec<i64>, [(&'static str, &'static str, ParamValues); 5]) {
+    let mut rng = Rng(n as u64);
+    let mut docs: Vec<i64> = (0..n).map(|_| rng.below(8) as i64).collect();
+    docs.sort();
+    let slopes: Vec<f64> = (1..=h)
+        .map(|i| (-8.0 * i as f64 / h as f64).exp2())
+        .collect();
+    let cases = [
+        (
+            "softcap30_causal",
+            "Softcap",
+            ParamValues::new(vec![ParamValue::Float(30.0)]),
+        ),
+        (
+            "alibi_causal",
+            "Alibi",
+            ParamValues::new(vec![ParamValue::FloatTensor(slopes)]),
+        ),
+        ("window1024_causal", "SlidingWindow", ParamValues::none()),
+        (
+            "document_causal",
+            "Document",
+            ParamValues::new(vec![ParamValue::IntTensor(docs.clone())]),
+        ),
+        (
+            "prefixlm1024",
+            "PrefixLm",
+            ParamValues::new(vec![ParamValue::Int(1024)]),
+        ),
+    ];
+    (docs, cases)
+}
+
 pub(crate) fn density(variant: &str, n: usize, docs: &[i64]) -> f64 {
     let total = (n * n) as f64;
     let causal = (n * (n + 1) / 2) as f64;
@@ -141,35 +179,7 @@ pub fn timing(
     let (d, h) = (128usize, 16usize);
     for n in [4096usize, 16384] {
         let b = 16384 / n;
-        let mut rng = Rng(n as u64);
-        let mut docs: Vec<i64> = (0..n).map(|_| rng.below(8) as i64).collect();
-        docs.sort();
-        let slopes: Vec<f64> = (1..=h)
-            .map(|i| (-8.0 * i as f64 / h as f64).exp2())
-            .collect();
-        let cases: [(&str, &str, ParamValues); 5] = [
-            (
-                "softcap30_causal",
-                "Softcap",
-                ParamValues::new(vec![ParamValue::Float(30.0)]),
-            ),
-            (
-                "alibi_causal",
-                "Alibi",
-                ParamValues::new(vec![ParamValue::FloatTensor(slopes)]),
-            ),
-            ("window1024_causal", "SlidingWindow", ParamValues::none()),
-            (
-                "document_causal",
-                "Document",
-                ParamValues::new(vec![ParamValue::IntTensor(docs.clone())]),
-            ),
-            (
-                "prefixlm1024",
-                "PrefixLm",
-                ParamValues::new(vec![ParamValue::Int(1024)]),
-            ),
-        ];
+        let (docs, cases) = variant_workloads(n, h);
         for (label, name, pv) in cases {
             let spec = with(&get(name)?, 128, DType::Bf16);
             let ms = time_one(rt, &mut bufs, &spec, &pv, b, n, h)?;
