@@ -11,8 +11,8 @@ use flash_dsl::{CudaSource, KernelPlan};
 
 use crate::cache::{CacheOutcome, KernelCache};
 use crate::compile::{CompileOptions, CompiledKernel};
+use crate::device::DeviceInfo;
 use crate::error::FlashError;
-use crate::launch::DeviceInfo;
 
 /// A plan's CUDA and its CUBIN.
 #[derive(Debug, Clone)]

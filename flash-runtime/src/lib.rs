@@ -14,6 +14,7 @@ pub mod build;
 pub mod cache;
 pub mod cli;
 pub mod compile;
+pub mod device;
 pub mod error;
 #[allow(unsafe_code)]
 mod ffi;

@@ -26,12 +26,13 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream};
-use flash_dsl::plan::{KernelFamily, KernelKind};
+use flash_dsl::plan::KernelKind;
 use flash_dsl::{KernelPlan, TileConfig, VariantSpec};
 
 use crate::build::load_module;
 pub use crate::build::LoadedKernel;
 use crate::cache::KernelCache;
+pub use crate::device::{default_family, DeviceInfo};
 use crate::error::FlashError;
 use crate::ffi;
 use crate::libs;
@@ -56,45 +57,6 @@ fn driver(what: &str, e: result::DriverError) -> FlashError {
 // ---------------------------------------------------------------------------------------------
 // Runtime and loaded kernels
 // ---------------------------------------------------------------------------------------------
-
-/// The device a [`Runtime`] runs on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    pub ordinal: usize,
-    pub name: String,
-    pub compute_capability: (i32, i32),
-    /// NVRTC target: `sm_90a` on Hopper (kernels may use sm_90a-only instructions), `sm_XY`
-    /// elsewhere.
-    pub arch: String,
-    pub sm_count: u32,
-    /// Dynamic shared memory a block may opt into (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`).
-    pub max_smem_optin: u32,
-    /// The kernel family plans default to: the fastest this GPU runs, or `FLASH_FAMILY`.
-    pub default_family: KernelFamily,
-}
-
-/// The default kernel family for a GPU of `arch`: `FLASH_FAMILY` (`sm80`, `sm90`, `sm90ws`)
-/// when set, else the fastest family the architecture runs. An unknown name, or a family the
-/// GPU cannot run, is an error naming the value.
-pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, FlashError> {
-    let family = match env {
-        None => return Ok(KernelFamily::for_arch(arch)),
-        Some("sm80") => KernelFamily::Sm80,
-        Some("sm90") => KernelFamily::Sm90,
-        Some("sm90ws") => KernelFamily::Sm90Ws,
-        Some(other) => {
-            return Err(invalid(format!(
-                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
-            )))
-        }
-    };
-    if !family.runs_on(arch) {
-        return Err(invalid(format!(
-            "FLASH_FAMILY asks for the {family:?} kernel family, which {arch} cannot run"
-        )));
-    }
-    Ok(family)
-}
 
 /// Loaded kernels by the (kind, spec, forced configuration, deterministic mode) they were
 /// loaded for.

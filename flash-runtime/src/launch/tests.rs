@@ -1,7 +1,7 @@
 //! Unit tests of the launch checks and the packing, on plans of real declarations (no GPU).
 
 use super::*;
-use flash_dsl::plan::{ArgField, Extent};
+use flash_dsl::plan::{ArgField, Extent, KernelFamily};
 use flash_dsl::spec::ScalarTy;
 
 fn arg(shape: &[usize], strides: &[i64], len: usize, elem: ElemType) -> OperandArg {
