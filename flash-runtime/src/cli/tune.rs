@@ -63,6 +63,9 @@ pub struct TuneArgs {
     /// Keep the default unless the fastest candidate beats it by more than this fraction.
     #[arg(long, default_value_t = 0.02)]
     pub min_gain: f64,
+    /// Tune the backward pass's main kernel instead of the forward kernel (its own records).
+    #[arg(long)]
+    pub backward: bool,
 }
 
 /// A `--shape`.
@@ -167,6 +170,42 @@ impl Bar {
 }
 
 /// Runs `flash tune`.
+/// `flash tune --backward`: every candidate's spot check and time, the winner, the record.
+fn tune_backward(
+    rt: &Runtime,
+    specs: &[VariantSpec],
+    a: &TuneArgs,
+    shape: ProblemShape,
+) -> Result<ExitCode, FlashError> {
+    for spec in specs {
+        let given = given_params(spec, &a.params)?;
+        let r = rt.tune_backward(spec, shape, &given, a.min_gain)?;
+        println!(
+            "{} backward at {:?}:",
+            spec.name,
+            r.record.shape.unwrap_or_default()
+        );
+        for (cfg, res) in &r.candidates {
+            match res {
+                Ok(ms) => println!("  {:<22} {ms:9.3} ms", config_label(cfg)),
+                Err(e) => println!("  {:<22} dropped: {e}", config_label(cfg)),
+            }
+        }
+        println!(
+            "  winner {} ({:.3} ms; default {:.3} ms), record {}",
+            config_label(&r.record.config),
+            r.record.ms,
+            r.record.default_ms,
+            r.record_path
+                .as_ref()
+                .map_or("not written (memory-only cache)".to_string(), |p| p
+                    .display()
+                    .to_string())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
     let specs = a.variant.load()?;
     let rt = Runtime::with_cache(a.gpu, KernelCache::new(a.cache.cache_dir.clone()))?;
@@ -176,6 +215,9 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
         min_gain: a.min_gain,
     };
     let shape = a.shape.0;
+    if a.backward {
+        return tune_backward(&rt, &specs, a, shape);
+    }
     for spec in &specs {
         let given = given_params(spec, &a.params)?;
         eprintln!(

@@ -29,6 +29,7 @@
 //! [`Runtime::load_tuned`]: crate::Runtime::load_tuned
 //! [`Runtime::load`]: crate::Runtime::load
 
+mod backward;
 mod gpu;
 mod inputs;
 mod record;
@@ -39,6 +40,7 @@ mod space;
 /// The deterministic generator the tuner draws inputs and params from.
 pub use flash_dsl::rng::SplitMix as Rng;
 
+pub use backward::{backward_candidates, BackwardTuneReport};
 pub use gpu::{compare_outputs, output_tolerance, GpuTimer, SpotCheck};
 pub use inputs::{default_params, forward_flops, mask_density};
 pub use record::{

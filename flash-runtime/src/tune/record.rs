@@ -77,6 +77,10 @@ pub struct TuneKey {
     /// [`flash_dsl::GENERATOR_VERSION`].
     pub generator: String,
     pub bucket: ShapeBucket,
+    /// Which pass the record tunes: empty for the forward kernel (so forward keys, and the
+    /// file names derived from them, are what they were), `bwd` for the backward main kernel.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pass: String,
 }
 
 impl TuneKey {
@@ -94,6 +98,7 @@ impl TuneKey {
             nvrtc: format!("{}.{}", nvrtc.0, nvrtc.1),
             generator: flash_dsl::GENERATOR_VERSION.to_string(),
             bucket: ShapeBucket::of(shape),
+            pass: String::new(),
         }
     }
 
