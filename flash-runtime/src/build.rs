@@ -29,8 +29,18 @@ pub fn compile_plan(
     arch: &str,
     cache: &KernelCache,
 ) -> Result<Built, FlashError> {
+    compile_plan_with(plan, &CompileOptions::new(arch), cache)
+}
+
+/// [`compile_plan`] with explicit NVRTC options (e.g. `flash compile --nvrtc-opt`); the options
+/// are part of the cache key.
+pub fn compile_plan_with(
+    plan: &KernelPlan,
+    opts: &CompileOptions,
+    cache: &KernelCache,
+) -> Result<Built, FlashError> {
     let source = flash_dsl::emit(plan);
-    let (compiled, outcome) = cache.get_or_compile(&source, &CompileOptions::new(arch))?;
+    let (compiled, outcome) = cache.get_or_compile(&source, opts)?;
     Ok(Built {
         source,
         compiled,

@@ -7,7 +7,7 @@ use clap::Args;
 use flash_dsl::plan::KernelFamily;
 use flash_dsl::{CudaSource, KernelPlan};
 
-use crate::build::compile_plan;
+use crate::build::compile_plan_with;
 use crate::cache::{CacheOutcome, KernelCache};
 use crate::compile::{compile, CompileOptions, CompiledKernel};
 use crate::error::FlashError;
@@ -99,23 +99,16 @@ pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
 }
 
 /// Emits and compiles `plan`, returning the source, the kernel and how the cache answered
-/// (`off` without one). With a cache and no extra NVRTC options this is
-/// [`compile_plan`], the path the runtime and the tuner take; `compile_plan` takes no extra
-/// options, so `--nvrtc-opt` goes through the cache directly, and `--no-cache` compiles
-/// without one.
+/// (`off` without one). With a cache this is [`compile_plan_with`], the path the runtime and
+/// the tuner take; `--no-cache` compiles without one.
 fn build(
     plan: &KernelPlan,
     opts: &CompileOptions,
     cache: Option<&KernelCache>,
 ) -> Result<(CudaSource, Arc<CompiledKernel>, &'static str), FlashError> {
     match cache {
-        Some(c) if opts.extra.is_empty() => {
-            compile_plan(plan, &opts.arch, c).map(|b| (b.source, b.compiled, b.outcome.as_str()))
-        }
         Some(c) => {
-            let src = flash_dsl::emit(plan);
-            let (k, o) = c.get_or_compile(&src, opts)?;
-            Ok((src, k, o.as_str()))
+            compile_plan_with(plan, opts, c).map(|b| (b.source, b.compiled, b.outcome.as_str()))
         }
         None => {
             let src = flash_dsl::emit(plan);
