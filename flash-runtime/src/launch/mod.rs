@@ -60,7 +60,9 @@ fn driver(what: &str, e: result::DriverError) -> FlashError {
 
 /// Loaded kernels by the (kind, spec, forced configuration, deterministic mode) they were
 /// loaded for.
-type KernelMemo = HashMap<(KernelKind, VariantSpec, Option<TileConfig>, bool), Arc<LoadedKernel>>;
+/// Keyed by spec first so that a lookup borrows the spec instead of cloning it per launch.
+type KernelMemo =
+    HashMap<VariantSpec, HashMap<(KernelKind, Option<TileConfig>, bool), Arc<LoadedKernel>>>;
 
 /// One CUDA context and stream on one GPU, with its kernel cache.
 pub struct Runtime {
@@ -206,12 +208,18 @@ impl Runtime {
         config: Option<TileConfig>,
         plan: impl FnOnce() -> Result<KernelPlan, FlashError>,
     ) -> Result<Arc<LoadedKernel>, FlashError> {
-        let key = (kind, spec.clone(), config, deterministic);
-        if let Some(k) = self.lock_kernels().get(&key) {
+        let key = (kind, config, deterministic);
+        if let Some(k) = self.lock_kernels().get(spec).and_then(|m| m.get(&key)) {
             return Ok(k.clone());
         }
         let k = Arc::new(load_module(plan()?, &self.ctx, &self.info, &self.cache)?);
-        Ok(self.lock_kernels().entry(key).or_insert(k).clone())
+        Ok(self
+            .lock_kernels()
+            .entry(spec.clone())
+            .or_default()
+            .entry(key)
+            .or_insert(k)
+            .clone())
     }
 
     fn lock_kernels(&self) -> std::sync::MutexGuard<'_, KernelMemo> {
