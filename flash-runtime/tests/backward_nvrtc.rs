@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use flash_dsl::plan::backward::backward_pipeline_with;
 use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelKind};
 use flash_dsl::{emit, DType, VariantSpec};
@@ -52,34 +50,17 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
         }
     }
     assert_eq!(jobs.len(), 9 * 2 * (2 * 3 * 2 + 2), "nine example variants");
-    let rows = Mutex::new(vec![]);
-    let next = Mutex::new(0usize);
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    *n += 1;
-                    *n - 1
-                };
-                let Some((p, arch)) = jobs.get(i) else {
-                    break;
-                };
-                let k = compile(&emit(p), &CompileOptions::new(*arch))
-                    .unwrap_or_else(|e| panic!("{} {arch}: {e}", p.kernel_name));
-                rows.lock().unwrap().push((i, p.clone(), *arch, k));
-            });
-        }
+    let rows = common::par_map(&jobs, |(p, arch)| {
+        let k = compile(&emit(p), &CompileOptions::new(*arch))
+            .unwrap_or_else(|e| panic!("{} {arch}: {e}", p.kernel_name));
+        (p.clone(), *arch, k)
     });
-    let mut rows = rows.into_inner().unwrap();
-    rows.sort_by_key(|r| r.0);
     println!(
         "{:<14} {:>3} {:<5} {:<7} {:<12} {:>5} {:>7} {:>11} {:>7}",
         "variant", "d", "dtype", "arch", "kernel", "regs", "smem", "spill st/ld", "ms"
     );
     let mut spilled = vec![];
-    for (_, p, arch, k) in &rows {
+    for (p, arch, k) in &rows {
         let r = k.resources;
         println!(
             "{:<14} {:>3} {:<5} {:<7} {:<12} {:>5} {:>7} {:>11} {:>7.0}",

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use flash_dsl::plan::{default_config_for, plan, KernelFamily};
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
@@ -35,38 +33,19 @@ fn every_example_variant_compiles_without_spills() {
         }
     }
     assert_eq!(jobs.len(), 9 * 2 * 2 * 3, "nine example variants");
-    let rows = Mutex::new(vec![]);
-    let next = Mutex::new(0usize);
-    // NVRTC is thread-safe; one worker per core keeps the run short on CI's two cores.
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    *n += 1;
-                    *n - 1
-                };
-                let Some((spec, arch)) = jobs.get(i) else {
-                    break;
-                };
-                let family = KernelFamily::for_arch(arch);
-                let p = plan(spec, Some(default_config_for(spec, family))).unwrap();
-                let src = emit(&p);
-                let k = compile(&src, &CompileOptions::new(*arch))
-                    .unwrap_or_else(|e| panic!("{} d{} {arch}: {e}", spec.name, spec.head_dim_qk));
-                rows.lock().unwrap().push((i, spec.clone(), *arch, p, k));
-            });
-        }
+    let rows = common::par_map(&jobs, |(spec, arch)| {
+        let family = KernelFamily::for_arch(arch);
+        let p = plan(spec, Some(default_config_for(spec, family))).unwrap();
+        let k = compile(&emit(&p), &CompileOptions::new(*arch))
+            .unwrap_or_else(|e| panic!("{} d{} {arch}: {e}", spec.name, spec.head_dim_qk));
+        (spec.clone(), *arch, p, k)
     });
-    let mut rows = rows.into_inner().unwrap();
-    rows.sort_by_key(|r| r.0);
     println!(
         "{:<14} {:>3} {:<5} {:<7} {:<22} {:>5} {:>7} {:>11} {:>7}",
         "variant", "d", "dtype", "arch", "tile (m n warps st)", "regs", "smem", "spill st/ld", "ms"
     );
     let mut spilled = vec![];
-    for (_, spec, arch, p, k) in &rows {
+    for (spec, arch, p, k) in &rows {
         let c = p.config;
         let r = k.resources;
         println!(

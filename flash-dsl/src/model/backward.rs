@@ -23,7 +23,7 @@
 //! probability is exactly 0 (for instance a score of `-inf`).
 
 use crate::eval::{Env, ParamValue, ParamValues, Point};
-use crate::model::reference::{dot, Problem};
+use crate::model::reference::{dot, visible_keys, Problem};
 use crate::spec::{Dim, Expr, ParamKind, ScalarTy, VariantSpec};
 
 /// Gradients of `L = Σ dO∘O`.
@@ -266,17 +266,7 @@ pub fn backward_with(
                 let qoff = Problem::row(b, i, h, p.seq_q, p.heads_q, dqk);
                 let qrow = &p.q[qoff..][..dqk];
                 scores.clear();
-                for j in 0..p.seq_k {
-                    let mut pt = Point {
-                        b: b as i64,
-                        h: h as i64,
-                        q: i as i64,
-                        k: j as i64,
-                        s: 0.0,
-                    };
-                    if !env.mask(&pt) {
-                        continue;
-                    }
+                for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let krow = &p.k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
                     pt.s = scale * dot(qrow, krow);
                     scores.push((j, pt, env.score(&pt)));
@@ -392,17 +382,7 @@ pub fn backward_lowp(
             for i in 0..p.seq_q {
                 let qoff = Problem::row(b, i, h, p.seq_q, p.heads_q, dqk);
                 scores.clear();
-                for j in 0..p.seq_k {
-                    let mut pt = Point {
-                        b: b as i64,
-                        h: h as i64,
-                        q: i as i64,
-                        k: j as i64,
-                        s: 0.0,
-                    };
-                    if !env.mask(&pt) {
-                        continue;
-                    }
+                for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let koff = Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk);
                     let s = round(dot32(&qs[qoff..][..dqk], &k[koff..][..dqk]));
                     pt.s = s as f64;

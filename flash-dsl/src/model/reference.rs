@@ -136,6 +136,29 @@ impl Problem {
 }
 
 /// Float64 forward pass: `s = scale·q·k`, then the score modification, then the mask (masked
+/// The keys query `i` of `(b, h)` sees under the mask, each with its element's point (score 0
+/// until the caller computes it in its own precision). One loop for every CPU model.
+pub(crate) fn visible_keys<'e>(
+    env: &'e Env,
+    seq_k: usize,
+    b: usize,
+    h: usize,
+    i: usize,
+) -> impl Iterator<Item = (usize, Point)> + 'e {
+    (0..seq_k)
+        .map(move |j| {
+            let pt = Point {
+                b: b as i64,
+                h: h as i64,
+                q: i as i64,
+                k: j as i64,
+                s: 0.0,
+            };
+            (j, pt)
+        })
+        .filter(|(_, pt)| env.mask(pt))
+}
+
 /// keys are left out of the softmax), then `softmax(s)·v`.
 pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
     p.check(spec);
@@ -154,17 +177,7 @@ pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
             for i in 0..p.seq_q {
                 let qrow = &p.q[Problem::row(b, i, h, p.seq_q, p.heads_q, dqk)..][..dqk];
                 scores.clear();
-                for j in 0..p.seq_k {
-                    let mut pt = Point {
-                        b: b as i64,
-                        h: h as i64,
-                        q: i as i64,
-                        k: j as i64,
-                        s: 0.0,
-                    };
-                    if !env.mask(&pt) {
-                        continue;
-                    }
+                for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let krow = &p.k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
                     pt.s = scale * dot(qrow, krow);
                     scores.push((j, env.score(&pt)));
@@ -220,17 +233,7 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
             for i in 0..p.seq_q {
                 let qrow = &q[Problem::row(b, i, h, p.seq_q, p.heads_q, dqk)..][..dqk];
                 scores.clear();
-                for j in 0..p.seq_k {
-                    let mut pt = Point {
-                        b: b as i64,
-                        h: h as i64,
-                        q: i as i64,
-                        k: j as i64,
-                        s: 0.0,
-                    };
-                    if !env.mask(&pt) {
-                        continue;
-                    }
+                for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let krow = &k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
                     let s = round(qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>());
                     let s = if spec.score.is_some() {

@@ -119,6 +119,24 @@ pub fn uniform_terms(spec: &VariantSpec) -> usize {
     grad_terms(spec).iter().filter(|(_, u)| *u).count()
 }
 
+/// The parameters whose gradient buffer a planned main (or dQ conversion) kernel adds into,
+/// read off its argument layout: no symbolic differentiation per launch.
+pub fn planned_grad_params(plan: &KernelPlan) -> Vec<usize> {
+    plan.args
+        .slots
+        .iter()
+        .filter_map(|s| match s.field {
+            ArgField::ParamGrad(i) => Some(i),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether an operand is one of the correction's row-sum scratch buffers (see [`grad_terms`]).
+pub fn is_fix_operand(op: &Operand) -> bool {
+    op.name == "zsum" || (op.name.starts_with("pw") && op.name[2..].parse::<u32>().is_ok())
+}
+
 /// The row-sum scratch operands of the uniform-term correction: `zsum` and one `pw<u>` per
 /// uniform term, each `[batch, heads_q, seq_q]` f32.
 fn fix_operands(spec: &VariantSpec, role: Role) -> Vec<Operand> {
@@ -368,6 +386,10 @@ mod tests {
             ["q", "k", "v", "dout", "lse", "delta", "dq_accum", "dk", "dv", "zsum", "pw0"]
         );
         assert_eq!(names(&p.kernels[2]), ["dq_accum", "dq", "zsum", "pw0"]);
+        // What the runtime reads off the plans at launch agrees with the symbolic analysis.
+        assert_eq!(planned_grad_params(&p.kernels[1]), grad_params(&s));
+        let fix = p.kernels[1].operands.iter().filter(|o| is_fix_operand(o));
+        assert_eq!(fix.count(), 1 + uniform_terms(&s));
         // The conversion applies the correction: it reads the params and adds into the gradient.
         assert!(p.kernels[2]
             .args

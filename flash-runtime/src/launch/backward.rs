@@ -11,10 +11,10 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flash_dsl::plan::backward::{
-    backward_config_is_valid, plan_backward_main_with, plan_backward_pre_with, plan_dq_convert,
-    uniform_terms,
+    backward_config_is_valid, is_fix_operand, plan_backward_main_with, plan_backward_pre_with,
+    plan_dq_convert, planned_grad_params,
 };
-use flash_dsl::plan::{default_backward_config, grad_params, KernelKind};
+use flash_dsl::plan::{default_backward_config, KernelKind};
 use flash_dsl::spec::ScalarTy;
 use flash_dsl::{TileConfig, VariantSpec};
 
@@ -154,7 +154,14 @@ impl Runtime {
         // Row sums of the uniform-term correction (see `plan::backward::grad_terms`): `zsum`
         // and one `pw<u>` per uniform term, zeroed by the pre-processing kernel.
         let mut fix_bufs: Vec<CudaSlice<f32>> = Vec::new();
-        for _ in 0..uniform_terms(spec).min(1) + uniform_terms(spec) {
+        // Counted off the loaded plan (no symbolic differentiation per launch).
+        let n_fix = main
+            .plan
+            .operands
+            .iter()
+            .filter(|o| is_fix_operand(o))
+            .count();
+        for _ in 0..n_fix {
             fix_bufs.push(
                 self.stream
                     .alloc_zeros::<f32>(n_delta)
@@ -187,7 +194,7 @@ impl Runtime {
         }
 
         // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.
-        let wanted = grad_params(spec);
+        let wanted = planned_grad_params(&main.plan);
         let mut scratch: Vec<CudaSlice<f32>> = Vec::new();
         let mut grad_args: Vec<Option<ParamArg<'_>>> = vec![None; spec.params.len()];
         for &i in &wanted {

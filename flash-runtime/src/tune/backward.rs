@@ -12,15 +12,16 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use cudarc::driver::{sys, CudaSlice};
-use flash_dsl::eval::{ParamValue, ParamValues, Sizes};
+use flash_dsl::eval::{ParamValue, Sizes};
 use flash_dsl::model::backward::{backward, backward_lowp};
 use flash_dsl::model::reference::{max_abs_diff, rounding, Problem};
 use flash_dsl::plan::backward::backward_config_is_valid;
 use flash_dsl::plan::{default_backward_config, KernelFamily};
 use flash_dsl::{TileConfig, VariantSpec};
 
+use super::gpu::{param_args, upload_params};
 use super::inputs::default_params;
-use super::record::{TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
+use super::record::{now_unix, record_shape, TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
 use super::Rng;
 use crate::error::FlashError;
 use crate::launch::backward::{BackwardGrads, BackwardInputs, BackwardOptions, LseRef};
@@ -51,53 +52,6 @@ pub struct BackwardTuneReport {
     pub record_path: Option<PathBuf>,
     /// Each candidate: median milliseconds, or why it was dropped.
     pub candidates: Vec<(TileConfig, Result<f64, String>)>,
-}
-
-/// Device copies of the params (tensors); [`ParamBufs::args`] borrows them.
-struct ParamBufs {
-    f32s: Vec<CudaSlice<f32>>,
-    i32s: Vec<CudaSlice<i32>>,
-}
-
-impl ParamBufs {
-    fn upload(rt: &Runtime, params: &ParamValues) -> Result<ParamBufs, FlashError> {
-        let st = rt.stream();
-        let (mut f32s, mut i32s) = (Vec::new(), Vec::new());
-        for v in &params.0 {
-            match v {
-                ParamValue::FloatTensor(t) => f32s.push(
-                    st.clone_htod(&t.iter().map(|&x| x as f32).collect::<Vec<_>>())
-                        .map_err(drv("uploading a param"))?,
-                ),
-                ParamValue::IntTensor(t) => i32s.push(
-                    st.clone_htod(&t.iter().map(|&x| x as i32).collect::<Vec<_>>())
-                        .map_err(drv("uploading a param"))?,
-                ),
-                _ => {}
-            }
-        }
-        Ok(ParamBufs { f32s, i32s })
-    }
-
-    fn args<'a>(&'a self, rt: &Runtime, params: &ParamValues) -> Vec<ParamArg<'a>> {
-        let (mut fi, mut ii) = (0, 0);
-        params
-            .0
-            .iter()
-            .map(|v| match v {
-                ParamValue::Int(x) => ParamArg::I32(*x as i32),
-                ParamValue::Float(x) => ParamArg::F32(*x as f32),
-                ParamValue::FloatTensor(_) => {
-                    fi += 1;
-                    ParamArg::tensor_f32(&self.f32s[fi - 1], rt.stream())
-                }
-                ParamValue::IntTensor(_) => {
-                    ii += 1;
-                    ParamArg::tensor_i32(&self.i32s[ii - 1], rt.stream())
-                }
-            })
-            .collect()
-    }
 }
 
 /// One backward problem on the device: Q, K, V, dO (random normal, rounded to the dtype), O
@@ -293,8 +247,8 @@ impl Runtime {
             seq_k: 300,
         };
         let params = default_params(spec, sizes, given, 0x5907);
-        let bufs = ParamBufs::upload(self, &params).map_err(|e| e.to_string())?;
-        let args = bufs.args(self, &params);
+        let holds = upload_params(self.stream(), spec, &params).map_err(|e| e.to_string())?;
+        let args = param_args(&holds, self.stream());
         let mut p = BwdProblem::new(self, spec, shape, &args, 0x5907).map_err(|e| e.to_string())?;
         p.run(self, spec, &args, cfg).map_err(|e| e.to_string())?;
         self.synchronize().map_err(|e| e.to_string())?;
@@ -358,8 +312,8 @@ impl Runtime {
             seq_k: shape.seq_k,
         };
         let params = default_params(spec, sizes, given, 0x5eed);
-        let bufs = ParamBufs::upload(self, &params)?;
-        let args = bufs.args(self, &params);
+        let holds = upload_params(self.stream(), spec, &params)?;
+        let args = param_args(&holds, self.stream());
         let mut p = BwdProblem::new(self, spec, shape, &args, 0x1234)?;
         let mut candidates: Vec<(TileConfig, Result<f64, String>)> = Vec::new();
         let mut alive = Vec::new();
@@ -427,26 +381,13 @@ impl Runtime {
             ms: winner.1,
             default_config: Some(default),
             default_ms,
-            shape: Some([
-                shape.batch,
-                shape.heads_q,
-                shape.heads_kv,
-                shape.seq_q,
-                shape.seq_k,
-            ]),
+            shape: Some(record_shape(&shape)),
             candidates: candidates.len(),
             timed: alive.len(),
             tune_s: start.elapsed().as_secs_f64(),
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created_unix: now_unix(),
         };
-        let store = TuneStore::for_cache(self.cache());
-        let record_path = match store.dir() {
-            Some(_) => Some(store.store(&record)?),
-            None => None,
-        };
+        let record_path = TuneStore::for_cache(self.cache()).store_if_on_disk(&record)?;
         Ok(BackwardTuneReport {
             record,
             record_path,

@@ -24,7 +24,7 @@ fn invalid(msg: impl Into<String>) -> FlashError {
     FlashError::Invalid(msg.into())
 }
 
-enum ParamHold {
+pub(super) enum ParamHold {
     I32(i32),
     F32(f32),
     TI(CudaSlice<i32>, usize),
@@ -169,40 +169,7 @@ impl<'r> GpuTimer<'r> {
         let lse = stream
             .alloc_zeros::<f32>((shape.batch * shape.heads_q * shape.seq_q).max(1))
             .map_err(drv("allocating the LSE"))?;
-        let mut holds = Vec::new();
-        for (decl, val) in spec.params.iter().zip(&params.0) {
-            let pad = |n: usize| n.max(8);
-            let h = match (&decl.kind, val) {
-                (ParamKind::Scalar(ScalarTy::I32), ParamValue::Int(x)) => ParamHold::I32(*x as i32),
-                (ParamKind::Scalar(ScalarTy::F32), ParamValue::Float(x)) => {
-                    ParamHold::F32(*x as f32)
-                }
-                (ParamKind::Scalar(ScalarTy::F32), ParamValue::Int(x)) => ParamHold::F32(*x as f32),
-                (ParamKind::Tensor { .. }, ParamValue::IntTensor(t)) => {
-                    let mut d: Vec<i32> = t.iter().map(|&x| x as i32).collect();
-                    d.resize(pad(t.len()), 0);
-                    ParamHold::TI(
-                        stream.clone_htod(&d).map_err(drv("uploading a param"))?,
-                        t.len(),
-                    )
-                }
-                (ParamKind::Tensor { .. }, ParamValue::FloatTensor(t)) => {
-                    let mut d: Vec<f32> = t.iter().map(|&x| x as f32).collect();
-                    d.resize(pad(t.len()), 0.0);
-                    ParamHold::TF(
-                        stream.clone_htod(&d).map_err(drv("uploading a param"))?,
-                        t.len(),
-                    )
-                }
-                (_, v) => {
-                    return Err(invalid(format!(
-                        "param `{}` is declared {:?}; got the value {v:?}",
-                        decl.name, decl.kind
-                    )))
-                }
-            };
-            holds.push(h);
-        }
+        let holds = upload_params(&stream, spec, params)?;
         Ok(GpuTimer {
             rt,
             spec: spec.clone(),
@@ -307,7 +274,49 @@ impl<'r> GpuTimer<'r> {
     }
 }
 
-fn param_args<'a>(
+/// Uploads the tensor params of `params` (declared by `spec`) and keeps the scalars: what
+/// [`param_args`] turns into launch arguments. Shared by the forward and the backward tuner.
+pub(super) fn upload_params(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    spec: &VariantSpec,
+    params: &ParamValues,
+) -> Result<Vec<ParamHold>, FlashError> {
+    let mut holds = Vec::new();
+    for (decl, val) in spec.params.iter().zip(&params.0) {
+        let pad = |n: usize| n.max(8);
+        let h = match (&decl.kind, val) {
+            (ParamKind::Scalar(ScalarTy::I32), ParamValue::Int(x)) => ParamHold::I32(*x as i32),
+            (ParamKind::Scalar(ScalarTy::F32), ParamValue::Float(x)) => ParamHold::F32(*x as f32),
+            (ParamKind::Scalar(ScalarTy::F32), ParamValue::Int(x)) => ParamHold::F32(*x as f32),
+            (ParamKind::Tensor { .. }, ParamValue::IntTensor(t)) => {
+                let mut d: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+                d.resize(pad(t.len()), 0);
+                ParamHold::TI(
+                    stream.clone_htod(&d).map_err(drv("uploading a param"))?,
+                    t.len(),
+                )
+            }
+            (ParamKind::Tensor { .. }, ParamValue::FloatTensor(t)) => {
+                let mut d: Vec<f32> = t.iter().map(|&x| x as f32).collect();
+                d.resize(pad(t.len()), 0.0);
+                ParamHold::TF(
+                    stream.clone_htod(&d).map_err(drv("uploading a param"))?,
+                    t.len(),
+                )
+            }
+            (_, v) => {
+                return Err(invalid(format!(
+                    "param `{}` is declared {:?}; got the value {v:?}",
+                    decl.name, decl.kind
+                )))
+            }
+        };
+        holds.push(h);
+    }
+    Ok(holds)
+}
+
+pub(super) fn param_args<'a>(
     holds: &'a [ParamHold],
     stream: &cudarc::driver::CudaStream,
 ) -> Vec<ParamArg<'a>> {

@@ -206,6 +206,14 @@ impl TuneStore {
     }
 
     /// Writes `rec` atomically (temp file in the same folder, fsync, rename). Returns its path.
+    /// Stores `rec` when the store has a folder (a memory-only cache keeps none); the path.
+    pub fn store_if_on_disk(&self, rec: &TuneRecord) -> Result<Option<PathBuf>, FlashError> {
+        match self.dir() {
+            Some(_) => self.store(rec).map(Some),
+            None => Ok(None),
+        }
+    }
+
     pub fn store(&self, rec: &TuneRecord) -> Result<PathBuf, FlashError> {
         let dir = self
             .dir
@@ -249,4 +257,23 @@ fn unique() -> u64 {
         h.finish()
     };
     t ^ tid ^ ((N.fetch_add(1, Ordering::Relaxed) as u64) << 40)
+}
+
+/// `[batch, heads_q, heads_kv, seq_q, seq_k]` of a shape, as records keep it.
+pub fn record_shape(shape: &ProblemShape) -> [usize; 5] {
+    [
+        shape.batch,
+        shape.heads_q,
+        shape.heads_kv,
+        shape.seq_q,
+        shape.seq_k,
+    ]
+}
+
+/// Seconds since the Unix epoch (0 when the clock is before it), for `created_unix`.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -15,7 +15,7 @@ use crate::LoadedKernel;
 
 use super::gpu::{GpuTimer, SpotCheck};
 use super::inputs::{default_params, forward_flops, mask_density};
-use super::record::{TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
+use super::record::{now_unix, record_shape, TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
 use super::search::{tune, CacheCompiler, Progress, TuneOptions, TuneResult};
 
 /// What a caller of [`Runtime::tune`] may restrict.
@@ -145,26 +145,13 @@ impl Runtime {
             ms: result.winner_ms,
             default_config: Some(result.default),
             default_ms: result.default_ms.unwrap_or(0.0),
-            shape: Some([
-                shape.batch,
-                shape.heads_q,
-                shape.heads_kv,
-                shape.seq_q,
-                shape.seq_k,
-            ]),
+            shape: Some(record_shape(&shape)),
             candidates: result.candidates.len(),
             timed: result.candidates.iter().filter(|c| c.ms.is_some()).count(),
             tune_s: result.tune_s,
-            created_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created_unix: now_unix(),
         };
-        let store = TuneStore::for_cache(self.cache());
-        let record_path = match store.dir() {
-            Some(_) => Some(store.store(&record)?),
-            None => None,
-        };
+        let record_path = TuneStore::for_cache(self.cache()).store_if_on_disk(&record)?;
         Ok(TuneReport {
             result,
             record,

@@ -77,3 +77,24 @@ pub fn example_specs() -> Vec<flash_dsl::VariantSpec> {
         .flat_map(|(_, specs)| specs)
         .collect()
 }
+
+/// `f` over every job, one worker thread per core (NVRTC is thread-safe; two cores on CI), the
+/// results in job order.
+pub fn par_map<T: Sync, R: Send>(jobs: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = std::sync::Mutex::new(Vec::with_capacity(jobs.len()));
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let r = f(job);
+                out.lock().unwrap().push((i, r));
+            });
+        }
+    });
+    let mut out = out.into_inner().unwrap();
+    out.sort_by_key(|r| r.0);
+    out.into_iter().map(|(_, r)| r).collect()
+}
