@@ -37,6 +37,10 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_byt
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+/// Copies 4 bytes, or zero-fills them when `src_bytes` is 0 (per-row values past the end).
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

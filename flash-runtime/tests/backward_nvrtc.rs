@@ -1,17 +1,19 @@
 //! Every backward kernel (pre-processing, main, dQ conversion) of every example variant, at
-//! head dims 64 and 128 and in bf16 and f16, compiled by NVRTC to CUBIN for sm_80 and sm_90a,
-//! with the registers, shared memory and spill bytes printed. Needs NVRTC, not a GPU.
+//! head dims 64, 96 and 128 and in bf16 and f16, compiled by NVRTC to CUBIN for sm_80 and
+//! sm_90a, and the wgmma main kernel (`Sm90`, both block sizes, and its deterministic mode) for
+//! sm_90a, with the registers, shared memory and spill bytes printed. Needs NVRTC, not a GPU.
 //!
-//! Spills: the pre-processing and conversion kernels must not spill. The main kernel keeps dK
-//! and dV of 16 keys × head dim per warp in registers (2·d/4 floats per thread); at head dim
-//! 128, or with a score hook reading a tensor, ptxas spills a few dozen bytes at 255 registers.
-//! Until the main kernel moves to 8 warps with P and dS through shared memory (the next step),
-//! the test bounds those spills (at most 160 bytes of stores) instead of forbidding them.
+//! Spills: the pre-processing and conversion kernels must not spill. The main kernels keep dK
+//! and dV of their keys in registers (the sm80 kernel 16 keys per warp, the wgmma kernel 64 per
+//! warpgroup: d/2 floats each per thread); at head dim 128, or with a score hook reading a
+//! tensor, ptxas spills a few dozen bytes at 255 registers, so the test bounds those spills (at
+//! most 160 bytes of stores) instead of forbidding them.
 
 mod common;
 
-use flash_dsl::plan::backward::backward_pipeline_with;
-use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelKind};
+use flash_dsl::plan::backward::{backward_pipeline_with, plan_backward_main_with};
+use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelFamily, KernelKind};
+use flash_dsl::TileConfig;
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
 
@@ -26,7 +28,7 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
     }
     let mut jobs = vec![];
     for spec in examples() {
-        for d in [64, 128] {
+        for d in [64, 96, 128] {
             for dtype in [DType::Bf16, DType::F16] {
                 let mut s = spec.clone();
                 (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, dtype);
@@ -46,10 +48,31 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
                         jobs.push((p, "sm_90a"));
                     }
                 }
+                // The wgmma kernel: 128 and 64 keys per block; the deterministic mode in bf16.
+                for (block_n, warps) in [(128, 8), (64, 4)] {
+                    let cfg = TileConfig {
+                        block_n,
+                        warps,
+                        family: KernelFamily::Sm90,
+                        ..default_backward_config()
+                    };
+                    for det in [false, true] {
+                        if det && (dtype != DType::Bf16 || block_n != 128) {
+                            continue;
+                        }
+                        let p = plan_backward_main_with(&s, cfg, det)
+                            .unwrap_or_else(|e| panic!("{} d{d}: {e}", s.name));
+                        jobs.push((p, "sm_90a"));
+                    }
+                }
             }
         }
     }
-    assert_eq!(jobs.len(), 9 * 2 * (2 * 3 * 2 + 2), "nine example variants");
+    assert_eq!(
+        jobs.len(),
+        9 * 3 * (2 * 3 * 2 + 2 + 2 * 2 + 1),
+        "nine example variants"
+    );
     let rows = common::par_map(&jobs, |(p, arch)| {
         let k = compile(&emit(p), &CompileOptions::new(*arch))
             .unwrap_or_else(|e| panic!("{} {arch}: {e}", p.kernel_name));

@@ -64,12 +64,15 @@ fn emission_is_a_pure_function_of_the_plan() {
     }
 }
 
-/// The backward kernels of every example (the main kernel per variant, which carries the
-/// variant's hooks and score derivative; the pre-processing and dQ conversion kernels once, as
-/// they only depend on dtype and head dims).
+/// The backward kernels of every example (the main kernel per variant and family, which
+/// carries the variant's hooks and score derivative; the pre-processing and dQ conversion
+/// kernels once, as they only depend on dtype and head dims).
 #[test]
 fn example_backward_kernels() {
-    use flash_dsl::plan::{backward_pipeline, default_backward_config};
+    use flash_dsl::plan::backward::plan_backward_main;
+    use flash_dsl::plan::{
+        backward_pipeline, default_backward_config, default_backward_config_for, KernelFamily,
+    };
     for (i, (stem, spec)) in examples().into_iter().enumerate() {
         let pipe = backward_pipeline(&spec, default_backward_config()).unwrap();
         for (j, p) in pipe.kernels.iter().enumerate() {
@@ -85,5 +88,15 @@ fn example_backward_kernels() {
                 insta::assert_snapshot!(format!("{stem}_{}", p.kind.name()), src.source);
             });
         }
+        // The wgmma main kernel of the Hopper devices.
+        let cfg = default_backward_config_for(&spec, KernelFamily::Sm90Ws);
+        assert_eq!(cfg.family, KernelFamily::Sm90);
+        let src = flash_dsl::emit(&plan_backward_main(&spec, cfg).unwrap());
+        insta::with_settings!({
+            description => format!("emit of the sm90 backward main kernel of examples/variants/{stem}.flash"),
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(format!("{stem}_backward_main_sm90"), src.source);
+        });
     }
 }

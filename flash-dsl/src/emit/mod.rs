@@ -9,6 +9,7 @@
 //! plans give byte-identical source (and share a compile-cache entry).
 
 mod expr;
+mod wgmma;
 
 use handlebars::{handlebars_helper, Handlebars};
 use serde::Serialize;
@@ -19,7 +20,7 @@ use crate::spec::DType;
 use expr::{classify_body, grad_field_name, hull_body, param_field, ExprCx};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
-pub const PARTIALS: [(&str, &str); 6] = [
+pub const PARTIALS: [(&str, &str); 7] = [
     (
         "args",
         include_str!("../../../templates/common/args.cu.hbs"),
@@ -41,6 +42,10 @@ pub const PARTIALS: [(&str, &str); 6] = [
         include_str!("../../../templates/common/hopper.cu.hbs"),
     ),
     (
+        "backward",
+        include_str!("../../../templates/common/backward.cu.hbs"),
+    ),
+    (
         "common",
         include_str!("../../../templates/common/common.cu.hbs"),
     ),
@@ -58,8 +63,12 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
         (KernelKind::Forward, KernelFamily::Sm90Ws) => {
             include_str!("../../../templates/forward/sm90ws.cu.hbs")
         }
-        // The planner only builds the backward kinds for the sm80 family (`PlanError::BackwardFamily`);
-        // pre-processing and the dQ conversion are plain per-row kernels for any family.
+        // The planner builds the backward main kernel for the sm80 and sm90 families
+        // (`PlanError::BackwardFamily`); pre-processing and the dQ conversion are plain per-row
+        // kernels for any family.
+        (KernelKind::BackwardMain, KernelFamily::Sm90) => {
+            include_str!("../../../templates/backward/sm90.cu.hbs")
+        }
         (KernelKind::BackwardMain, _) => include_str!("../../../templates/backward/sm80.cu.hbs"),
         (KernelKind::BackwardPre, _) => {
             include_str!("../../../templates/backward_pre/generic.cu.hbs")
@@ -112,9 +121,6 @@ struct Context {
     score_expr: String,
     classify_body: String,
     hull_body: String,
-    /// Accumulator registers per thread of the wgmma for S (`block_n / 2`) and for O.
-    s_regs: u32,
-    o_regs: u32,
     is_bf16: bool,
     /// ∂score/∂s as C++ (backward kinds with a score hook).
     dscore_expr: String,
@@ -124,6 +130,8 @@ struct Context {
     grad_flush_body: String,
     grad_fix_body: String,
     deterministic: bool,
+    /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
+    wgmma_defs: String,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -255,8 +263,6 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         score_expr: spec.score.as_ref().map(|e| cx.expr(e)).unwrap_or_default(),
         classify_body,
         hull_body,
-        s_regs: cfg.block_n / 2,
-        o_regs: spec.head_dim_v.div_ceil(16) * 8,
         is_bf16: spec.dtype == DType::Bf16,
         dscore_expr,
         grad_uniform_count: grads.uniform,
@@ -264,6 +270,11 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_flush_body: grads.flush,
         grad_fix_body: grads.fix,
         deterministic: plan.deterministic,
+        wgmma_defs: wgmma::hopper_wgmmas(plan)
+            .iter()
+            .map(|w| wgmma::wgmma_def(w, mma_type))
+            .collect::<Vec<_>>()
+            .join("\n"),
     };
     let mut hb = Handlebars::new();
     hb.set_strict_mode(true);

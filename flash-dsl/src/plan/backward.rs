@@ -25,9 +25,9 @@ use Extent::*;
 /// Query rows per block of the pre-processing and convert kernels.
 pub const ROWS_PER_BLOCK: u32 = 64;
 
-/// The default backward configuration: 128 keys per block (8 warps of 16 keys), 64 queries per
-/// step. Against 64 keys and 4 warps (the other valid configuration) it halves the dQ atomics
-/// and the Q/dO traffic per key.
+/// The default backward configuration of the Sm80 family: 128 keys per block (8 warps of 16
+/// keys), 64 queries per step. Against 64 keys and 4 warps (the other valid configuration) it
+/// halves the dQ atomics and the Q/dO traffic per key.
 pub fn default_backward_config() -> TileConfig {
     TileConfig {
         block_m: 64,
@@ -35,6 +35,24 @@ pub fn default_backward_config() -> TileConfig {
         warps: 8,
         stages: 1,
         family: KernelFamily::Sm80,
+    }
+}
+
+/// The default backward configuration for a device whose fastest forward family is `family`:
+/// on sm_90a the wgmma kernel (`Sm90`, two warpgroups of 64 keys, 64 queries per step), where
+/// the head dims allow it; elsewhere [`default_backward_config`].
+pub fn default_backward_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
+    let hopper = TileConfig {
+        family: KernelFamily::Sm90,
+        ..default_backward_config()
+    };
+    match family {
+        KernelFamily::Sm90 | KernelFamily::Sm90Ws
+            if backward_config_is_valid(spec, &hopper).is_ok() =>
+        {
+            hopper
+        }
+        _ => default_backward_config(),
     }
 }
 
@@ -48,7 +66,7 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
             return Err(PlanError::HeadDim { which, value });
         }
     }
-    if cfg.family != KernelFamily::Sm80 {
+    if !matches!(cfg.family, KernelFamily::Sm80 | KernelFamily::Sm90) {
         return Err(PlanError::BackwardFamily(cfg.family));
     }
     if !matches!(
@@ -58,6 +76,7 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
         || spec.head_dim_v > 128
     {
         return Err(PlanError::Backward {
+            family: cfg.family,
             block_m: cfg.block_m,
             block_n: cfg.block_n,
             warps: cfg.warps,
@@ -265,12 +284,18 @@ pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
 
 /// Shared memory of the main kernel: K and V of the block; Q and dO of this step and the next
 /// (double-buffered; rows padded to 64 elements for the swizzle); dSᵀ (block_n × block_m); the
-/// LSE and delta of both steps.
+/// LSE and delta of both steps; on Sm90, 1024 spare bytes to align the wgmma swizzle atoms.
 pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let pad = |d: u32| d.div_ceil(64) * 64;
     let elem = spec.dtype.size() as u32;
     let (dqk, dv) = (pad(spec.head_dim_qk), pad(spec.head_dim_v));
-    elem * ((cfg.block_n + 2 * cfg.block_m) * (dqk + dv) + cfg.block_n * cfg.block_m)
+    let align = if cfg.family == KernelFamily::Sm90 {
+        1024
+    } else {
+        0
+    };
+    align
+        + elem * ((cfg.block_n + 2 * cfg.block_m) * (dqk + dv) + cfg.block_n * cfg.block_m)
         + 2 * 2 * 4 * cfg.block_m
 }
 
@@ -446,19 +471,42 @@ mod tests {
         cfg = default_backward_config();
         cfg.family = KernelFamily::Sm90Ws;
         let e = backward_pipeline(&s, cfg).unwrap_err().to_string();
-        assert!(e.contains("Sm90Ws") && e.contains("Sm80"), "{e}");
-        // Both supported configurations plan, and smem grows with the head dim.
-        for cfg in [
-            default_backward_config(),
-            TileConfig {
-                block_n: 64,
-                warps: 4,
-                ..default_backward_config()
-            },
-        ] {
-            let p = plan_backward_main(&s, cfg).unwrap();
-            assert_eq!(p.threads(), cfg.warps * 32);
-            assert_eq!(p.smem_bytes(), backward_smem_bytes(&s, &cfg));
+        assert!(
+            e.contains("Sm90Ws") && e.contains("Sm80") && e.contains("Sm90 "),
+            "{e}"
+        );
+        // On sm_90a the default is the wgmma kernel, unless the head dims rule it out.
+        assert_eq!(
+            default_backward_config_for(&s, KernelFamily::Sm90Ws).family,
+            KernelFamily::Sm90
+        );
+        assert_eq!(
+            default_backward_config_for(&s, KernelFamily::Sm80),
+            default_backward_config()
+        );
+        let wide = spec("W { head_dim: 192, dtype: f16 }");
+        assert_eq!(
+            default_backward_config_for(&wide, KernelFamily::Sm90Ws).family,
+            KernelFamily::Sm80
+        );
+        // The supported configurations of both families plan, with their shared memory.
+        for family in [KernelFamily::Sm80, KernelFamily::Sm90] {
+            for cfg in [
+                TileConfig {
+                    family,
+                    ..default_backward_config()
+                },
+                TileConfig {
+                    block_n: 64,
+                    warps: 4,
+                    family,
+                    ..default_backward_config()
+                },
+            ] {
+                let p = plan_backward_main(&s, cfg).unwrap();
+                assert_eq!(p.threads(), cfg.warps * 32);
+                assert_eq!(p.smem_bytes(), backward_smem_bytes(&s, &cfg));
+            }
         }
     }
 

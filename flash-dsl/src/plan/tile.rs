@@ -82,9 +82,10 @@ pub enum PlanError {
     )]
     Sm90Tile { block_n: u32, stages: u32 },
     #[error(
-        "the sm80 backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
+        "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
     )]
     Backward {
+        family: KernelFamily,
         block_m: u32,
         block_n: u32,
         warps: u32,
@@ -92,7 +93,7 @@ pub enum PlanError {
         dqk: u32,
         dv: u32,
     },
-    #[error("the backward pass has no {0:?} kernel yet; it runs on the Sm80 family (any GPU from sm_80)")]
+    #[error("the backward pass has no {0:?} kernel; it runs on the Sm90 family (sm_90a, wgmma) and the Sm80 family (any GPU from sm_80)")]
     BackwardFamily(KernelFamily),
 }
 

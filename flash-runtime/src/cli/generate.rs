@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use flash_dsl::deriv::{display, score_gradient};
-use flash_dsl::plan::{backward_pipeline, default_backward_config, KernelFamily};
+use flash_dsl::plan::{backward_pipeline, default_backward_config_for, KernelFamily};
 use flash_dsl::spec::Expr;
 use flash_dsl::{CudaSource, VariantSpec};
 
@@ -83,15 +83,17 @@ pub fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
             println!("{s}");
         } else {
             println!("{plan:#?}");
-            print_backward(&spec);
+            let family = a.variant.family.map(KernelFamily::from);
+            print_backward(&spec, family.unwrap_or(KernelFamily::Sm80));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// The symbolic derivative of the score (`d score / d s = ...`, then one line per `f32`
-/// parameter read it depends on) and the kernels of the backward pass, or why there is none.
-fn print_backward(spec: &VariantSpec) {
+/// parameter read it depends on) and the kernels of the backward pass for `family`'s device,
+/// or why there are none.
+fn print_backward(spec: &VariantSpec, family: KernelFamily) {
     match score_gradient(spec) {
         None => println!("d score / d s = 1.0 (no score expression; no parameter gradients)"),
         Some(g) => {
@@ -106,7 +108,7 @@ fn print_backward(spec: &VariantSpec) {
             }
         }
     }
-    match backward_pipeline(spec, default_backward_config()) {
+    match backward_pipeline(spec, default_backward_config_for(spec, family)) {
         Ok(p) => println!(
             "backward kernels: {}",
             p.kernels

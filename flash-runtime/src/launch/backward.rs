@@ -14,7 +14,7 @@ use flash_dsl::plan::backward::{
     backward_config_is_valid, is_fix_operand, plan_backward_main_with, plan_backward_pre_with,
     plan_dq_convert, planned_grad_params,
 };
-use flash_dsl::plan::{default_backward_config, KernelKind};
+use flash_dsl::plan::{default_backward_config_for, KernelKind};
 use flash_dsl::spec::ScalarTy;
 use flash_dsl::{TileConfig, VariantSpec};
 
@@ -81,7 +81,8 @@ fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
 /// How to run the backward pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackwardOptions {
-    /// Forces the main kernel's tile configuration (default: `default_backward_config()`).
+    /// Forces the main kernel's tile configuration (default: `default_backward_config_for` the
+    /// device's kernel family).
     pub config: Option<TileConfig>,
     /// dQ bit-identical across runs: key tiles add into each query tile's dQ in a fixed order,
     /// through a semaphore per query tile (slower; dK and dV are deterministic either way).
@@ -118,7 +119,17 @@ impl Runtime {
         grads: &mut BackwardGrads<'_>,
     ) -> Result<(), FlashError> {
         let det = opts.deterministic;
-        let cfg = opts.config.unwrap_or_else(default_backward_config);
+        // The default follows the device's kernel family (the wgmma kernel on sm_90a, unless
+        // `FLASH_FAMILY=sm80`); a forced configuration must name a family the device runs.
+        let cfg = opts
+            .config
+            .unwrap_or_else(|| default_backward_config_for(spec, self.info.default_family));
+        if !cfg.family.runs_on(&self.info.arch) {
+            return Err(invalid(format!(
+                "backward tile configuration {cfg:?} needs the {:?} kernel family, which {} ({}) cannot run",
+                cfg.family, self.info.name, self.info.arch
+            )));
+        }
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),

@@ -16,7 +16,7 @@ use flash_dsl::eval::{ParamValue, Sizes};
 use flash_dsl::model::backward::{backward, backward_lowp};
 use flash_dsl::model::reference::{max_abs_diff, rounding, Problem};
 use flash_dsl::plan::backward::backward_config_is_valid;
-use flash_dsl::plan::{default_backward_config, KernelFamily};
+use flash_dsl::plan::{default_backward_config, default_backward_config_for, KernelFamily};
 use flash_dsl::{TileConfig, VariantSpec};
 
 use super::gpu::{param_args, upload_params};
@@ -32,17 +32,31 @@ fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> FlashError
     move |e| FlashError::Driver(format!("{what}: {e:?}"))
 }
 
-/// The backward configurations worth timing for `spec`.
-pub fn backward_candidates(spec: &VariantSpec) -> Vec<TileConfig> {
-    let other = TileConfig {
-        block_n: 64,
-        warps: 4,
-        ..default_backward_config()
+/// The backward configurations worth timing for `spec` on a device whose default kernel family
+/// is `family`, the default first: 128 and 64 keys per block, of the wgmma kernel (on sm_90a)
+/// and of the sm80 kernel.
+pub fn backward_candidates(spec: &VariantSpec, family: KernelFamily) -> Vec<TileConfig> {
+    let default = default_backward_config_for(spec, family);
+    let families: &[KernelFamily] = match family {
+        KernelFamily::Sm80 => &[KernelFamily::Sm80],
+        KernelFamily::Sm90 | KernelFamily::Sm90Ws => &[KernelFamily::Sm90, KernelFamily::Sm80],
     };
-    [default_backward_config(), other]
-        .into_iter()
-        .filter(|c| backward_config_is_valid(spec, c).is_ok())
-        .collect()
+    let mut out = vec![default];
+    for &f in families {
+        for (block_n, warps) in [(128, 8), (64, 4)] {
+            let c = TileConfig {
+                block_n,
+                warps,
+                family: f,
+                ..default_backward_config()
+            };
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out.retain(|c| backward_config_is_valid(spec, c).is_ok());
+    out
 }
 
 /// What a backward tuning measured.
@@ -299,12 +313,7 @@ impl Runtime {
         min_gain: f64,
     ) -> Result<BackwardTuneReport, FlashError> {
         let start = Instant::now();
-        if !KernelFamily::Sm80.runs_on(&self.info().arch) {
-            return Err(FlashError::Invalid(format!(
-                "the backward kernel needs the sm80 family, which {} cannot run",
-                self.info().arch
-            )));
-        }
+        let family = self.info().default_family;
         let sizes = Sizes {
             batch: shape.batch,
             heads: shape.heads_q,
@@ -317,7 +326,7 @@ impl Runtime {
         let mut p = BwdProblem::new(self, spec, shape, &args, 0x1234)?;
         let mut candidates: Vec<(TileConfig, Result<f64, String>)> = Vec::new();
         let mut alive = Vec::new();
-        for cfg in backward_candidates(spec) {
+        for cfg in backward_candidates(spec, family) {
             match self.backward_spot_check(spec, given, cfg) {
                 Ok(()) => alive.push(cfg),
                 Err(e) => candidates.push((cfg, Err(e))),
@@ -350,7 +359,7 @@ impl Runtime {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let default = default_backward_config();
+        let default = default_backward_config_for(spec, family);
         let mut winner = (default, f64::INFINITY);
         let mut default_ms = 0.0;
         for (cfg, t) in alive.iter().zip(&times) {
@@ -432,9 +441,13 @@ mod tests {
 
     #[test]
     fn candidates_are_the_valid_backward_configurations() {
-        let c = backward_candidates(&spec(128));
+        let c = backward_candidates(&spec(128), KernelFamily::Sm80);
         assert_eq!(c.len(), 2);
         assert_eq!(c[0], default_backward_config());
-        assert!(backward_candidates(&spec(256)).is_empty());
+        let h = backward_candidates(&spec(128), KernelFamily::Sm90Ws);
+        assert_eq!(h.len(), 4);
+        assert_eq!(h[0].family, KernelFamily::Sm90);
+        assert!(h.iter().any(|c| c.family == KernelFamily::Sm80));
+        assert!(backward_candidates(&spec(256), KernelFamily::Sm90Ws).is_empty());
     }
 }

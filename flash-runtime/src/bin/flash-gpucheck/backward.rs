@@ -9,8 +9,9 @@
 use flash_dsl::eval::{ParamValue, ParamValues, Sizes};
 use flash_dsl::model::backward::{backward, backward_lowp, Gradients};
 use flash_dsl::model::reference::{max_abs_diff, rounding, Problem};
+use flash_dsl::plan::KernelFamily;
 use flash_dsl::rng::SplitMix as Rng;
-use flash_dsl::VariantSpec;
+use flash_dsl::{TileConfig, VariantSpec};
 use flash_runtime::cudarc::driver::CudaSlice;
 use flash_runtime::launch::backward::{BackwardGrads, BackwardInputs, BackwardOptions, LseRef};
 use flash_runtime::{FlashError, LseMut, Runtime, TensorMut, TensorRef};
@@ -28,17 +29,24 @@ const SHAPES: [(usize, usize, usize, usize, usize); 7] = [
     (1, 257, 300, 4, 4),
 ];
 
-/// One case's verdict lines.
-pub fn check_backward(rt: &Runtime, spec: &VariantSpec, seed: u64) -> Vec<(bool, String)> {
+/// One case's verdict lines, with the main kernel's configuration `cfg` (its family named in
+/// each line).
+pub fn check_backward(
+    rt: &Runtime,
+    spec: &VariantSpec,
+    seed: u64,
+    cfg: TileConfig,
+) -> Vec<(bool, String)> {
     SHAPES
         .iter()
         .enumerate()
-        .map(|(i, &sh)| match case(rt, spec, sh, seed + i as u64) {
+        .map(|(i, &sh)| match case(rt, spec, sh, seed + i as u64, cfg) {
             Ok(v) => v,
             Err(e) => (
                 false,
                 format!(
-                    "FAIL bwd {} {} d{} {:?}: {e}",
+                    "FAIL bwd {} {} {} d{} {:?}: {e}",
+                    family_tag(cfg),
                     spec.name,
                     spec.dtype.name(),
                     spec.head_dim_qk,
@@ -230,15 +238,29 @@ fn run_backward(
     })
 }
 
+/// The family of a backward configuration as the check's lines name it.
+pub fn family_tag(cfg: TileConfig) -> &'static str {
+    match cfg.family {
+        KernelFamily::Sm80 => "sm80",
+        KernelFamily::Sm90 => "sm90",
+        KernelFamily::Sm90Ws => "sm90ws",
+    }
+}
+
 fn case(
     rt: &Runtime,
     spec: &VariantSpec,
     dims: Dims,
     seed: u64,
+    cfg: TileConfig,
 ) -> Result<(bool, String), FlashError> {
     let (b, sq, sk, hq, hkv) = dims;
     let p = prepare(rt, spec, dims, seed)?;
-    let got = run_backward(rt, spec, &p, &BackwardOptions::default())?;
+    let opts = BackwardOptions {
+        config: Some(cfg),
+        deterministic: false,
+    };
+    let got = run_backward(rt, spec, &p, &opts)?;
     let r64 = backward(spec, &p.problem, &p.dov);
     let plain = backward_lowp(spec, &p.problem, &p.dov, rounding(spec.dtype));
     let mut ok = true;
@@ -273,8 +295,9 @@ fn case(
     Ok((
         ok,
         format!(
-            "{} bwd {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  {}",
+            "{} bwd {} {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  {}",
             if ok { "ok  " } else { "FAIL" },
+            family_tag(cfg),
             spec.name,
             spec.dtype.name(),
             spec.head_dim_qk,
@@ -292,12 +315,16 @@ fn grad_values(g: &Gradients, i: usize) -> Vec<f64> {
 }
 
 /// The deterministic mode: three backward runs give bit-identical dQ, dK and dV, close to the
-/// default mode's dQ. One line per variant.
-pub fn check_deterministic(rt: &Runtime, spec: &VariantSpec) -> Result<(bool, String), FlashError> {
+/// default mode's dQ, with the main kernel's configuration `cfg`. One line per variant.
+pub fn check_deterministic(
+    rt: &Runtime,
+    spec: &VariantSpec,
+    cfg: TileConfig,
+) -> Result<(bool, String), FlashError> {
     let dims = (2, 300, 300, 4, 2);
     let p = prepare(rt, spec, dims, 99)?;
     let det = BackwardOptions {
-        config: None,
+        config: Some(cfg),
         deterministic: true,
     };
     let runs = [
@@ -305,7 +332,11 @@ pub fn check_deterministic(rt: &Runtime, spec: &VariantSpec) -> Result<(bool, St
         run_backward(rt, spec, &p, &det)?,
         run_backward(rt, spec, &p, &det)?,
     ];
-    let default = run_backward(rt, spec, &p, &BackwardOptions::default())?;
+    let nondet = BackwardOptions {
+        config: Some(cfg),
+        deterministic: false,
+    };
+    let default = run_backward(rt, spec, &p, &nondet)?;
     let bits = |g: &GpuGrads| -> Vec<u64> {
         g.dq.iter()
             .chain(&g.dk)
@@ -321,8 +352,9 @@ pub fn check_deterministic(rt: &Runtime, spec: &VariantSpec) -> Result<(bool, St
     Ok((
         ok,
         format!(
-            "{} det {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  3 runs bit-identical: {same}; |dQ_det - dQ_default| {diff:.2e} (max|dQ| {scale:.2e})",
+            "{} det {} {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  3 runs bit-identical: {same}; |dQ_det - dQ_default| {diff:.2e} (max|dQ| {scale:.2e})",
             if ok { "ok  " } else { "FAIL" },
+            family_tag(cfg),
             spec.name,
             spec.dtype.name(),
             spec.head_dim_qk

@@ -1,12 +1,15 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--json OUT.json]
 //! ```
 //!
 //! **Backward** (`--backward`): every declaration at head dims 64, 96, 128 in bf16 and f16 over
 //! a shape matrix (seq 1…300, seq_q ≠ seq_k both ways, MHA/GQA/MQA), gradients against the
-//! float64 gradient reference (see `backward.rs` for the rule).
+//! float64 gradient reference (see `backward.rs` for the rule), for every backward kernel family
+//! the device runs (the wgmma kernel on sm_90a, the sm80 kernel); then the deterministic mode.
+//! `--backward-only` skips the forward's check and timings; `--no-check` and `--no-time` apply
+//! to both passes.
 //!
 //! **Check.** Every declaration of every `DIR/*.flash` (default `examples/variants`), at head dims
 //! 64, 96 and 128 (bf16 and f16 for `Dense` and `Causal`, the declared dtype otherwise), over
@@ -36,7 +39,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use flash_dsl::plan::{default_config_for, KernelFamily};
+use flash_dsl::plan::{default_backward_config_for, default_config_for, KernelFamily};
 use flash_dsl::{DType, TileConfig, VariantSpec};
 use flash_runtime::Runtime;
 
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut dir = PathBuf::from("examples/variants");
     let (mut small, mut do_check, mut do_time, mut do_bwd) = (false, true, true, false);
+    let mut do_fwd = true;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -141,9 +145,13 @@ fn main() -> ExitCode {
             "--no-check" => do_check = false,
             "--no-time" => do_time = false,
             "--backward" => do_bwd = true,
+            "--backward-only" => {
+                do_bwd = true;
+                do_fwd = false;
+            }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -178,7 +186,7 @@ fn main() -> ExitCode {
         }
     };
     let mut failed = false;
-    if do_check {
+    if do_check && do_fwd {
         let families: Vec<KernelFamily> =
             [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
                 .into_iter()
@@ -188,20 +196,27 @@ fn main() -> ExitCode {
         println!("# correctness: {} passed, {fails} failed of {n}", n - fails);
         failed |= fails > 0;
     }
-    if do_bwd {
+    if do_bwd && do_check {
+        // Every backward family the device runs: the wgmma kernel on sm_90a, the sm80 kernel.
+        let bwd_families: Vec<KernelFamily> = [KernelFamily::Sm90, KernelFamily::Sm80]
+            .into_iter()
+            .filter(|f| f.runs_on(&info.arch))
+            .collect();
         let (mut n, mut fails) = (0, 0);
-        for spec in &specs {
-            for dt in [DType::Bf16, DType::F16] {
-                let dims: &[u32] = if small { &[64, 128] } else { &[64, 96, 128] };
-                for &d in dims {
-                    for (ok, line) in
-                        backward::check_backward(&rt, &with(spec, d, dt), 7 + n as u64)
-                    {
-                        n += 1;
-                        if !ok {
-                            fails += 1;
+        for &fam in &bwd_families {
+            for spec in &specs {
+                for dt in [DType::Bf16, DType::F16] {
+                    let dims: &[u32] = if small { &[64, 128] } else { &[64, 96, 128] };
+                    for &d in dims {
+                        let s = with(spec, d, dt);
+                        let cfg = default_backward_config_for(&s, fam);
+                        for (ok, line) in backward::check_backward(&rt, &s, 7 + n as u64, cfg) {
+                            n += 1;
+                            if !ok {
+                                fails += 1;
+                            }
+                            println!("{line}");
                         }
-                        println!("{line}");
                     }
                 }
             }
@@ -212,17 +227,19 @@ fn main() -> ExitCode {
         );
         failed |= fails > 0;
         let (mut dn, mut dfails) = (0, 0);
-        for spec in &specs {
-            let s = with(spec, 128, DType::Bf16);
-            dn += 1;
-            match backward::check_deterministic(&rt, &s) {
-                Ok((ok, line)) => {
-                    dfails += usize::from(!ok);
-                    println!("{line}");
-                }
-                Err(e) => {
-                    dfails += 1;
-                    println!("FAIL det {}: {e}", s.name);
+        for &fam in &bwd_families {
+            for spec in &specs {
+                let s = with(spec, 128, DType::Bf16);
+                dn += 1;
+                match backward::check_deterministic(&rt, &s, default_backward_config_for(&s, fam)) {
+                    Ok((ok, line)) => {
+                        dfails += usize::from(!ok);
+                        println!("{line}");
+                    }
+                    Err(e) => {
+                        dfails += 1;
+                        println!("FAIL det {}: {e}", s.name);
+                    }
                 }
             }
         }
@@ -234,9 +251,11 @@ fn main() -> ExitCode {
     }
     if do_time {
         let mut rows = Vec::new();
-        if let Err(e) = timing(&rt, &specs, &mut rows) {
-            println!("# timing failed: {e}");
-            failed = true;
+        if do_fwd {
+            if let Err(e) = timing(&rt, &specs, &mut rows) {
+                println!("# timing failed: {e}");
+                failed = true;
+            }
         }
         if do_bwd {
             if let Err(e) = bwd_timing::timing_backward(&rt, &specs, &mut rows) {
