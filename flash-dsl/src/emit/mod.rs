@@ -130,6 +130,8 @@ struct Context {
     grad_flush_body: String,
     grad_fix_body: String,
     deterministic: bool,
+    /// The wgmma backward forms P early (see `plan::backward::early_p`).
+    early_p: bool,
     /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
     wgmma_defs: String,
 }
@@ -270,6 +272,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_flush_body: grads.flush,
         grad_fix_body: grads.fix,
         deterministic: plan.deterministic,
+        early_p: plan.kind == KernelKind::BackwardMain && crate::plan::backward::early_p(spec),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

@@ -42,10 +42,31 @@ pub fn default_backward_config() -> TileConfig {
 /// on sm_90a the wgmma kernel (`Sm90`, two warpgroups of 64 keys, 64 queries per step), where
 /// the head dims allow it; elsewhere [`default_backward_config`].
 pub fn default_backward_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
-    let hopper = TileConfig {
+    let mut hopper = TileConfig {
         family: KernelFamily::Sm90,
         ..default_backward_config()
     };
+    // 128 queries per step at head dims up to 64 (measured on an H200: 1.3x the 64-query step
+    // on dense and causal), unless parameter gradients or tensor reads in the mask or score need
+    // the registers (their kernels spill at 128).
+    let wide = TileConfig {
+        block_m: 128,
+        ..hopper
+    };
+    let reads_tensor = |e: &Option<Expr>| {
+        let mut found = false;
+        if let Some(e) = e {
+            e.visit(&mut |x| found |= matches!(x, Expr::Index(..)));
+        }
+        found
+    };
+    if backward_config_is_valid(spec, &wide).is_ok()
+        && grad_params(spec).is_empty()
+        && !reads_tensor(&spec.mask)
+        && !reads_tensor(&spec.score)
+    {
+        hopper = wide;
+    }
     match family {
         KernelFamily::Sm90 | KernelFamily::Sm90Ws
             if backward_config_is_valid(spec, &hopper).is_ok() =>
@@ -69,10 +90,18 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
     if !matches!(cfg.family, KernelFamily::Sm80 | KernelFamily::Sm90) {
         return Err(PlanError::BackwardFamily(cfg.family));
     }
-    if !matches!(
-        (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
-        (64, 64, 4, 1) | (64, 128, 8, 1)
-    ) || spec.head_dim_qk > 128
+    // The wgmma kernel also takes 128 queries per step where dK and dV are narrow enough to
+    // leave registers for the 128-wide Sᵀ and dPᵀ.
+    let wide_m = cfg.family == KernelFamily::Sm90
+        && (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages) == (128, 128, 8, 1)
+        && spec.head_dim_qk <= 64
+        && spec.head_dim_v <= 64;
+    if !(wide_m
+        || matches!(
+            (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
+            (64, 64, 4, 1) | (64, 128, 8, 1)
+        ))
+        || spec.head_dim_qk > 128
         || spec.head_dim_v > 128
     {
         return Err(PlanError::Backward {
@@ -131,6 +160,28 @@ pub fn grad_terms(spec: &VariantSpec) -> Vec<(ParamGrad, bool)> {
             (t, uniform)
         })
         .collect()
+}
+
+/// Whether the wgmma backward kernel forms P as soon as Sᵀ lands (while dPᵀ's product runs) and
+/// dS while dV's product runs: only where dS does not read S (see [`gradient_reads_score`]) and
+/// no parameter gradient competes for the registers that the overlap keeps busy (measured: the
+/// gradient terms then spill).
+pub fn early_p(spec: &VariantSpec) -> bool {
+    !gradient_reads_score(spec) && grad_params(spec).is_empty()
+}
+
+/// Whether the score's derivative or a parameter-gradient term reads the score `s` itself (a
+/// softcap's `1 − tanh²`): then the backward main kernel needs S until dS is formed.
+pub fn gradient_reads_score(spec: &VariantSpec) -> bool {
+    let Some(g) = score_gradient(spec) else {
+        return false;
+    };
+    let reads_s = |e: &Expr| {
+        let mut found = false;
+        e.visit(&mut |x| found |= matches!(x, Expr::Var(Var::S)));
+        found
+    };
+    reads_s(&g.d_ds) || grad_terms(spec).iter().any(|(t, _)| reads_s(&t.d))
 }
 
 /// Number of uniform gradient terms (see [`grad_terms`]).
@@ -520,6 +571,26 @@ mod tests {
         assert_eq!(uniform_terms(&s), 0);
         let p = backward_pipeline(&s, default_backward_config()).unwrap();
         assert_eq!(p.kernels[2].operands.len(), 2, "no correction sums");
+    }
+
+    #[test]
+    fn which_gradients_read_the_score() {
+        let read = |src: &str| gradient_reads_score(&spec(src));
+        assert!(!read("D { head_dim: 64, dtype: bf16, mask: causal }"));
+        assert!(early_p(&spec(
+            "D { head_dim: 64, dtype: bf16, mask: causal }"
+        )));
+        let alibi =
+            "A { head_dim: 64, dtype: bf16, params: { m: [f32; heads] }, score: s + m[h] * (k - q) }";
+        assert!(!read(alibi));
+        assert!(!early_p(&spec(alibi)), "a parameter gradient");
+        assert!(read(
+            "S { head_dim: 64, dtype: bf16, params: { cap: f32 }, score: softcap(s, cap) }"
+        ));
+        // The derivative w.r.t. a multiplier of s reads s.
+        assert!(read(
+            "M { head_dim: 64, dtype: bf16, params: { w: [f32; heads] }, score: s * w[h] }"
+        ));
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub enum PlanError {
     )]
     Sm90Tile { block_n: u32, stages: u32 },
     #[error(
-        "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
+        "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages; the Sm90 kernel also 128x128x8x1 at head dims up to 64) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
     )]
     Backward {
         family: KernelFamily,

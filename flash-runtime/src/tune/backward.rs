@@ -33,8 +33,8 @@ fn drv(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> FlashError
 }
 
 /// The backward configurations worth timing for `spec` on a device whose default kernel family
-/// is `family`, the default first: 128 and 64 keys per block, of the wgmma kernel (on sm_90a)
-/// and of the sm80 kernel.
+/// is `family`, the default first: 128 and 64 keys per block (and, for the wgmma kernel at head
+/// dims up to 64, 128 queries per step), of the wgmma kernel (on sm_90a) and of the sm80 kernel.
 pub fn backward_candidates(spec: &VariantSpec, family: KernelFamily) -> Vec<TileConfig> {
     let default = default_backward_config_for(spec, family);
     let families: &[KernelFamily] = match family {
@@ -43,8 +43,9 @@ pub fn backward_candidates(spec: &VariantSpec, family: KernelFamily) -> Vec<Tile
     };
     let mut out = vec![default];
     for &f in families {
-        for (block_n, warps) in [(128, 8), (64, 4)] {
+        for (block_m, block_n, warps) in [(64, 128, 8), (64, 64, 4), (128, 128, 8)] {
             let c = TileConfig {
+                block_m,
                 block_n,
                 warps,
                 family: f,

@@ -5,10 +5,12 @@
 //! (useful FLOPs, × mask density, for the variants).
 
 use flash_dsl::eval::ParamValues;
+use flash_dsl::plan::default_backward_config_for;
 use flash_dsl::rng::SplitMix as Rng;
-use flash_dsl::{DType, VariantSpec};
+use flash_dsl::{DType, TileConfig, VariantSpec};
 use flash_runtime::cudarc::driver::{sys, CudaSlice};
 use flash_runtime::launch::backward::{BackwardGrads, BackwardInputs, LseRef};
+use flash_runtime::tune::backward_candidates;
 use flash_runtime::{FlashError, Runtime, TensorMut, TensorRef};
 use serde_json::{json, Value};
 
@@ -56,9 +58,10 @@ fn time_one(
     pv: &ParamValues,
     (b, n, h): (usize, usize, usize),
     deterministic: bool,
+    config: Option<TileConfig>,
 ) -> Result<f32, FlashError> {
     let opts = flash_runtime::launch::backward::BackwardOptions {
-        config: None,
+        config,
         deterministic,
     };
     let st = rt.stream();
@@ -123,10 +126,40 @@ pub fn timing_backward(
                     d as u32,
                     DType::Bf16,
                 );
-                let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h), false)?;
+                let ms = time_one(
+                    rt,
+                    &mut bb,
+                    &spec,
+                    &ParamValues::none(),
+                    (b, n, h),
+                    false,
+                    None,
+                )?;
                 let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let tf = fl / ms as f64 / 1e9;
                 println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
+                // The other backward configurations the tuner would try (not in the JSON rows).
+                let family = rt.info().default_family;
+                let default = default_backward_config_for(&spec, family);
+                for cfg in backward_candidates(&spec, family) {
+                    if cfg == default {
+                        continue;
+                    }
+                    let ms = time_one(
+                        rt,
+                        &mut bb,
+                        &spec,
+                        &ParamValues::none(),
+                        (b, n, h),
+                        false,
+                        Some(cfg),
+                    )?;
+                    let tf = fl / ms as f64 / 1e9;
+                    println!(
+                        "bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {}x{}x{} {:?} {ms:9.3} ms {tf:7.1} TFLOP/s",
+                        causal as u8, cfg.block_m, cfg.block_n, cfg.warps, cfg.family
+                    );
+                }
                 rows.push(json!({"gpu": gpu, "backend": "flash", "variant": if causal {"causal"} else {"dense"},
                     "dtype": "bf16", "d": d, "n": n, "b": b, "h": h, "causal": causal, "mode": "bwd",
                     "ms": ms, "tflops": tf}));
@@ -142,7 +175,15 @@ pub fn timing_backward(
             d as u32,
             DType::Bf16,
         );
-        let ms = time_one(rt, &mut bb, &spec, &ParamValues::none(), (b, n, h), true)?;
+        let ms = time_one(
+            rt,
+            &mut bb,
+            &spec,
+            &ParamValues::none(),
+            (b, n, h),
+            true,
+            None,
+        )?;
         let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
         let tf = fl / ms as f64 / 1e9;
         println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash deterministic {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
@@ -156,7 +197,7 @@ pub fn timing_backward(
         let (docs, cases) = variant_workloads(n, h);
         for (label, name, pv) in cases {
             let spec = with(&get(name)?, 128, DType::Bf16);
-            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false)?;
+            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false, None)?;
             let dens = density(label, n, &docs);
             let tf = 2.5 * 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
             println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} {label:18} density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful)");
