@@ -176,3 +176,27 @@ fn scratch_sm90_one() {
         );
     }
 }
+
+#[test]
+#[ignore]
+fn scratch_ptx() {
+    let mut s = examples().into_iter().find(|x| x.name == "Dense").unwrap();
+    (s.head_dim_qk, s.head_dim_v) = (128, 128);
+    let cfg = default_backward_config_for(&s, KernelFamily::Sm90Ws);
+    let src = emit(&plan_backward_main_with(&s, cfg, false).unwrap());
+    let full = src
+        .source
+        .replace("#include \"flash_prelude.cuh\"", flash_dsl::emit::PRELUDE);
+    let opts = flash_runtime::cudarc::nvrtc::CompileOptions {
+        arch: Some("sm_90a"),
+        options: vec![
+            "-std=c++17".into(),
+            "--use_fast_math".into(),
+            "-default-device".into(),
+        ],
+        ..Default::default()
+    };
+    let ptx = flash_runtime::cudarc::nvrtc::compile_ptx_with_opts(full, opts)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    std::fs::write("/tmp/dense_bwd.ptx", ptx.to_src()).unwrap();
+}
