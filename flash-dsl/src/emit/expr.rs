@@ -384,20 +384,52 @@ fn tree3(t: &MaskTree) -> String {
 /// unbounded. Non-strict bounds for strict comparisons only widen the interval, which is safe:
 /// every tile inside it is still classified.
 pub(super) fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
+    hull_body_of(tree, atoms, cx, false)
+}
+
+/// Body of `query_hull`: [`hull_body`] with the roles of `q` and `k` exchanged, a conservative
+/// interval of the queries that can see any key of `[k0, k1]` (the backward pass walks the
+/// query tiles of a key block).
+pub(super) fn query_hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
+    hull_body_of(tree, atoms, cx, true)
+}
+
+fn hull_body_of(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx, transposed: bool) -> String {
     let mut out =
         String::from("  const i64 NEG = -(1LL << 40), POS = 1LL << 40;\n  (void)NEG; (void)POS;\n");
     let mut n = 0usize;
-    let root = hull_node(tree, atoms, cx, &mut out, &mut n);
+    let atoms: Vec<AffineAtom> = if transposed {
+        atoms
+            .iter()
+            .map(|a| AffineAtom {
+                cq: a.ck,
+                ck: a.cq,
+                ..a.clone()
+            })
+            .collect()
+    } else {
+        atoms.to_vec()
+    };
+    let (lo_var, hi_var) = if transposed {
+        ("k0", "k1")
+    } else {
+        ("q0", "q1")
+    };
+    let root = hull_node(tree, &atoms, cx, &mut out, &mut n, (lo_var, hi_var));
     let _ = writeln!(out, "  lo = {root}_lo;\n  hi = {root}_hi;");
     out
 }
 
+/// One node of a hull body; `given` names the two ends of the range the bounds are taken over
+/// (`q0`, `q1` for `key_hull`; `k0`, `k1` for `query_hull`, whose atoms come in with `cq` and
+/// `ck` exchanged).
 fn hull_node(
     t: &MaskTree,
     atoms: &[AffineAtom],
     cx: &ExprCx,
     out: &mut String,
     n: &mut usize,
+    given: (&str, &str),
 ) -> String {
     let id = format!("r{n}");
     *n += 1;
@@ -410,9 +442,9 @@ fn hull_node(
             let off = cx.expr(&a.offset);
             // g(q) = cq·q + offset over [q0, q1]
             let (q_at_min, q_at_max) = if a.cq >= 0 {
-                ("q0", "q1")
+                (given.0, given.1)
             } else {
-                ("q1", "q0")
+                (given.1, given.0)
             };
             let gmin = format!("{}LL * {q_at_min} + {id}_g0", a.cq);
             let gmax = format!("{}LL * {q_at_max} + {id}_g0", a.cq);
@@ -449,7 +481,10 @@ fn hull_node(
             );
         }
         MaskTree::And(xs) | MaskTree::Or(xs) => {
-            let kids: Vec<String> = xs.iter().map(|x| hull_node(x, atoms, cx, out, n)).collect();
+            let kids: Vec<String> = xs
+                .iter()
+                .map(|x| hull_node(x, atoms, cx, out, n, given))
+                .collect();
             let and = matches!(t, MaskTree::And(_));
             let (flo, fhi) = if and {
                 ("flash::lmax", "flash::lmin")

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::deriv::score_gradient;
 use crate::plan::{ArgField, KernelFamily, KernelKind, KernelPlan, Layout, Role};
 use crate::spec::DType;
-use expr::{classify_body, grad_field_name, hull_body, param_field, ExprCx};
+use expr::{classify_body, grad_field_name, hull_body, param_field, query_hull_body, ExprCx};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
 pub const PARTIALS: [(&str, &str); 7] = [
@@ -121,6 +121,8 @@ struct Context {
     score_expr: String,
     classify_body: String,
     hull_body: String,
+    /// Body of the backward's `query_hull` (backward main kernels with a mask).
+    qhull_body: String,
     is_bf16: bool,
     /// ∂score/∂s as C++ (backward kinds with a score hook).
     dscore_expr: String,
@@ -237,6 +239,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         ),
         None => (String::new(), String::new(), String::new()),
     };
+    let qhull_body = match (&plan.mask, plan.kind) {
+        (Some(m), KernelKind::BackwardMain) => query_hull_body(&m.tree, &m.atoms, &cx),
+        _ => String::new(),
+    };
     let grads = grad_code(plan, &cx);
     let dscore_expr = match (plan.kind, score_gradient(spec)) {
         (KernelKind::BackwardMain, Some(g)) => cx.expr(&g.d_ds),
@@ -265,6 +271,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         score_expr: spec.score.as_ref().map(|e| cx.expr(e)).unwrap_or_default(),
         classify_body,
         hull_body,
+        qhull_body,
         is_bf16: spec.dtype == DType::Bf16,
         dscore_expr,
         grad_uniform_count: grads.uniform,

@@ -11,8 +11,8 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flash_dsl::plan::backward::{
-    backward_config_is_valid, is_fix_operand, plan_backward_main_with, plan_backward_pre_with,
-    plan_dq_convert, planned_grad_params,
+    backward_config_is_valid, backward_fallback_config, is_fix_operand, plan_backward_main_with,
+    plan_backward_pre_with, plan_dq_convert, planned_grad_params,
 };
 use flash_dsl::plan::{default_backward_config_for, KernelKind};
 use flash_dsl::spec::ScalarTy;
@@ -138,9 +138,19 @@ impl Runtime {
         let pre = self.load_kind((KernelKind::BackwardPre, det), spec, None, || {
             plan_backward_pre_with(spec, det).map_err(plan_err)
         })?;
-        let main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
+        let mut main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
             plan_backward_main_with(spec, cfg, det).map_err(plan_err)
         })?;
+        // A default whose kernel spills gives way to its narrower step (see
+        // `backward_fallback_config`); a forced configuration is used as given.
+        if opts.config.is_none() && main.compiled.resources.spills() {
+            if let Some(narrow) = backward_fallback_config(&cfg) {
+                main =
+                    self.load_kind((KernelKind::BackwardMain, det), spec, Some(narrow), || {
+                        plan_backward_main_with(spec, narrow, det).map_err(plan_err)
+                    })?;
+            }
+        }
         let conv = self.load_kind((KernelKind::DqConvert, false), spec, None, || {
             plan_dq_convert(spec).map_err(plan_err)
         })?;

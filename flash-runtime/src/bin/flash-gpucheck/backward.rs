@@ -57,7 +57,7 @@ pub fn check_backward(
         .collect()
 }
 
-type Dims = (usize, usize, usize, usize, usize);
+pub type Dims = (usize, usize, usize, usize, usize);
 
 fn drv(what: &'static str) -> impl Fn(flash_runtime::cudarc::driver::DriverError) -> FlashError {
     move |e| FlashError::Driver(format!("{what}: {e:?}"))
@@ -236,6 +236,30 @@ fn run_backward(
         dv: back(&dvb, b * sk * hkv * dv)?,
         dparams,
     })
+}
+
+/// One case of the check at `dims` (batch, seq_q, seq_k, heads_q, heads_kv): the long shapes
+/// that reach the mask's query hulls (windows of 1024 keys) and many query tiles per key block.
+pub fn check_backward_at(
+    rt: &Runtime,
+    spec: &VariantSpec,
+    seed: u64,
+    cfg: TileConfig,
+    dims: Dims,
+) -> (bool, String) {
+    match case(rt, spec, dims, seed, cfg) {
+        Ok(v) => v,
+        Err(e) => (
+            false,
+            format!(
+                "FAIL bwd {} {} {} d{} {dims:?}: {e}",
+                family_tag(cfg),
+                spec.name,
+                spec.dtype.name(),
+                spec.head_dim_qk
+            ),
+        ),
+    }
 }
 
 /// The family of a backward configuration as the check's lines name it.
