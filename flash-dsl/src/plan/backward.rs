@@ -334,13 +334,15 @@ pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
 
 /// Shared memory of the main kernel: K and V of the block; Q and dO of this step and the next
 /// (double-buffered; rows padded to 64 elements for the swizzle); dSᵀ (block_n × block_m); the
-/// LSE and delta of both steps; on Sm90, 1024 spare bytes to align the wgmma swizzle atoms.
+/// LSE and delta of both steps; on Sm90, 1024 spare bytes to align the wgmma swizzle atoms and
+/// the mbarriers of the two TMA stages.
 pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let pad = |d: u32| d.div_ceil(64) * 64;
     let elem = spec.dtype.size() as u32;
     let (dqk, dv) = (pad(spec.head_dim_qk), pad(spec.head_dim_v));
+    // Sm90: 1024 spare bytes to align the swizzle atoms, two mbarriers for the TMA stages.
     let align = if cfg.family == KernelFamily::Sm90 {
-        1024
+        1024 + 16
     } else {
         0
     };
@@ -372,8 +374,17 @@ pub fn plan_backward_main_with(
         strided("dk", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimQk]),
         strided("dv", Role::Output, spec, &[Batch, SeqK, HeadsKv, HeadDimV]),
     ];
-    // Row sums for the uniform-term correction, added into by atomics.
+    // The wgmma kernel loads each step's Q and dO tiles with the tensor memory accelerator.
     let mut operands = operands;
+    if config.family == KernelFamily::Sm90 {
+        for op in operands
+            .iter_mut()
+            .filter(|o| o.name == "q" || o.name == "dout")
+        {
+            op.tma_rows = Some(config.block_m);
+        }
+    }
+    // Row sums for the uniform-term correction, added into by atomics.
     operands.extend(fix_operands(spec, Role::Output));
     operands.extend(det_operands(deterministic, Role::Output));
     let grads: Vec<ArgField> = grad_params(spec)
