@@ -332,23 +332,20 @@ pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
     rows_plan(spec, KernelKind::DqConvert, ops, fix, false)
 }
 
-/// Shared memory of the main kernel: K and V of the block; Q and dO of this step and the next
-/// (double-buffered; rows padded to 64 elements for the swizzle); dSᵀ (block_n × block_m); the
-/// LSE and delta of both steps; on Sm90, 1024 spare bytes to align the wgmma swizzle atoms and
-/// the mbarriers of the two TMA stages.
+/// Shared memory of the main kernel. Sm80: K and V of the block; Q and dO of this step and the
+/// next (rows padded to 64 elements for the swizzle); dSᵀ (block_n × block_m); the LSE and delta
+/// of both steps. Sm90: 1024 spare bytes to align the wgmma swizzle atoms; K and V; Q, dO, LSE
+/// and delta in three stages; dSᵀ of two step parities; ten mbarriers.
 pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let pad = |d: u32| d.div_ceil(64) * 64;
     let elem = spec.dtype.size() as u32;
     let (dqk, dv) = (pad(spec.head_dim_qk), pad(spec.head_dim_v));
-    // Sm90: 1024 spare bytes to align the swizzle atoms, two mbarriers for the TMA stages.
-    let align = if cfg.family == KernelFamily::Sm90 {
-        1024 + 16
+    let (bm, bn) = (cfg.block_m, cfg.block_n);
+    if cfg.family == KernelFamily::Sm90 {
+        1024 + elem * ((bn + 3 * bm) * (dqk + dv) + 2 * bn * bm) + 3 * 2 * 4 * bm + 80
     } else {
-        0
-    };
-    align
-        + elem * ((cfg.block_n + 2 * cfg.block_m) * (dqk + dv) + cfg.block_n * cfg.block_m)
-        + 2 * 2 * 4 * cfg.block_m
+        elem * ((bn + 2 * bm) * (dqk + dv) + bn * bm) + 2 * 2 * 4 * bm
+    }
 }
 
 /// The main backward kernel.
