@@ -114,6 +114,18 @@ pub fn timing_backward(
             .cloned()
             .ok_or_else(|| FlashError::Invalid(format!("no variant `{name}` in the examples")))
     };
+    // The examples' `Dense` or `Causal` at head dim `d`, bf16, and its backward FLOPs (2.5x the
+    // forward's).
+    let dense = |causal: bool, d: usize| -> Result<VariantSpec, FlashError> {
+        Ok(with(
+            &get(if causal { "Causal" } else { "Dense" })?,
+            d as u32,
+            DType::Bf16,
+        ))
+    };
+    let flops = |(b, n, h): (usize, usize, usize), d: usize, causal: bool| {
+        2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 }
+    };
     let gpu = rt.info().name.clone();
     let mut bb = bufs(rt, 16384 * 2048, 16384 * 32)?;
     for d in [64usize, 128] {
@@ -121,21 +133,10 @@ pub fn timing_backward(
         for n in [4096usize, 16384] {
             let b = 16384 / n;
             for causal in [false, true] {
-                let spec = with(
-                    &get(if causal { "Causal" } else { "Dense" })?,
-                    d as u32,
-                    DType::Bf16,
-                );
-                let ms = time_one(
-                    rt,
-                    &mut bb,
-                    &spec,
-                    &ParamValues::none(),
-                    (b, n, h),
-                    false,
-                    None,
-                )?;
-                let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
+                let spec = dense(causal, d)?;
+                let none = ParamValues::none();
+                let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, None)?;
+                let fl = flops((b, n, h), d, causal);
                 let tf = fl / ms as f64 / 1e9;
                 println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
                 // The other backward configurations the tuner would try (not in the JSON rows).
@@ -145,15 +146,7 @@ pub fn timing_backward(
                     if cfg == default {
                         continue;
                     }
-                    let ms = time_one(
-                        rt,
-                        &mut bb,
-                        &spec,
-                        &ParamValues::none(),
-                        (b, n, h),
-                        false,
-                        Some(cfg),
-                    )?;
+                    let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, Some(cfg))?;
                     let tf = fl / ms as f64 / 1e9;
                     println!(
                         "bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {}x{}x{} {:?} {ms:9.3} ms {tf:7.1} TFLOP/s",
@@ -170,11 +163,7 @@ pub fn timing_backward(
     for causal in [false, true] {
         let (d, n) = (128usize, 4096usize);
         let (b, h) = (16384 / n, 2048 / d);
-        let spec = with(
-            &get(if causal { "Causal" } else { "Dense" })?,
-            d as u32,
-            DType::Bf16,
-        );
+        let spec = dense(causal, d)?;
         let ms = time_one(
             rt,
             &mut bb,
@@ -184,7 +173,7 @@ pub fn timing_backward(
             true,
             None,
         )?;
-        let fl = 2.5 * 4.0 * (b * h * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
+        let fl = flops((b, n, h), d, causal);
         let tf = fl / ms as f64 / 1e9;
         println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash deterministic {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
         rows.push(json!({"gpu": gpu, "backend": "flash", "variant": if causal {"causal"} else {"dense"},
