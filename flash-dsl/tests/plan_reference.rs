@@ -10,8 +10,8 @@ use flash_dsl::eval::{tensor_shape, Env, ParamValue, ParamValues, Point, Sizes};
 use flash_dsl::model::emulate;
 use flash_dsl::model::reference::{self, max_abs_diff, Problem};
 use flash_dsl::plan::{
-    classify, key_tile_classes, plan, KernelFamily, KernelPlan, MaskTree, TileClass, TileConfig,
-    TileEnv,
+    classify, hull, key_tile_classes, plan, KernelFamily, KernelPlan, MaskTree, TileClass,
+    TileConfig, TileEnv,
 };
 use flash_dsl::spec::{BinOp, Dim, Expr, Func, ParamKind, ScalarTy, UnOp, Var, VariantSpec};
 use proptest::prelude::*;
@@ -690,6 +690,47 @@ proptest! {
         }
         if let MaskTree::Const(c) = mplan.tree {
             prop_assert_eq!(class, if c { TileClass::Full } else { TileClass::Empty });
+        }
+    }
+
+    /// The hulls are sound: every visible (query, key) with the query in the given range has its
+    /// key inside `key_hull`, and with the key in the given range its query inside `query_hull`
+    /// (the backward's walk over query tiles skips everything outside it).
+    #[test]
+    fn hulls_are_sound(
+        mask in mask_expr(true),
+        seq_q in 1usize..200,
+        seq_k in 1usize..200,
+        p in -20i64..200,
+        r in (0usize..200, 0usize..70),
+        head in 0usize..4,
+        transposed in any::<bool>(),
+    ) {
+        let spec = random_spec(mask, None);
+        let plan = plan(&spec, None).unwrap();
+        let mplan = plan.mask.as_ref().unwrap();
+        let n_given = if transposed { seq_k } else { seq_q };
+        let a0 = r.0 % n_given;
+        let a1 = (a0 + r.1).min(n_given - 1);
+        let sizes = Sizes { batch: 1, heads: 4, seq_q, seq_k };
+        let params = random_params(p, seq_q.max(seq_k));
+        let env = Env::new(&spec, &params, sizes);
+        let tenv = TileEnv::new(0, head, seq_q, seq_k, &params);
+        let (lo, hi) = hull(mplan, &tenv, a0 as i64, a1 as i64, transposed);
+        for i in 0..seq_q as i64 {
+            for j in 0..seq_k as i64 {
+                let (given, bounded) = if transposed { (j, i) } else { (i, j) };
+                if given < a0 as i64 || given > a1 as i64 {
+                    continue;
+                }
+                let pt = Point { b: 0, h: head as i64, q: i, k: j, s: 0.0 };
+                if env.mask(&pt) {
+                    prop_assert!(
+                        lo <= bounded && bounded <= hi,
+                        "visible (q {i}, k {j}) outside the hull [{lo}, {hi}] of [{a0}, {a1}] (transposed {transposed})"
+                    );
+                }
+            }
         }
     }
 

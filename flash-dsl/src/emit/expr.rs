@@ -382,7 +382,8 @@ fn tree3(t: &MaskTree) -> String {
 /// bounds `k` on one side (two for `==`) by solving `ck·k OP -(cq·q + offset)` at the loosest
 /// end of the query range; `and` intersects, `or` takes the hull of the union, anything else is
 /// unbounded. Non-strict bounds for strict comparisons only widen the interval, which is safe:
-/// every tile inside it is still classified.
+/// every tile inside it is still classified. [`crate::plan::hull`] states the same algorithm in
+/// Rust (keep the two in step); the property test `hulls_are_sound` checks it against brute force.
 pub(super) fn hull_body(tree: &MaskTree, atoms: &[AffineAtom], cx: &ExprCx) -> String {
     hull_body_of(tree, atoms, cx, false)
 }

@@ -298,3 +298,84 @@ pub fn key_tile_classes(
         })
         .collect()
 }
+
+/// A conservative interval of the other index that can be visible with some index of `[a0, a1]`:
+/// with `transposed == false`, the keys some query of `[a0, a1]` may see (the kernels'
+/// `key_hull`); with `true`, the queries that may see some key of `[a0, a1]` (the backward's
+/// `query_hull`). The Rust statement of what `emit` writes into those hooks, tested against
+/// brute force: an atom with a nonzero coefficient on the bounded index bounds it at the loosest
+/// end of the given range, `and` intersects, `or` takes the hull of the union, anything else is
+/// unbounded (±2⁴⁰).
+pub fn hull(mask: &MaskPlan, env: &TileEnv, a0: i64, a1: i64, transposed: bool) -> (i64, i64) {
+    node_hull(&mask.tree, &mask.atoms, env, (a0, a1), transposed)
+}
+
+const HULL_NEG: i64 = -(1 << 40);
+const HULL_POS: i64 = 1 << 40;
+
+fn node_hull(
+    t: &MaskTree,
+    atoms: &[AffineAtom],
+    env: &TileEnv,
+    (a0, a1): (i64, i64),
+    transposed: bool,
+) -> (i64, i64) {
+    match t {
+        MaskTree::Const(false) => (HULL_POS, HULL_NEG),
+        MaskTree::Atom(i) => {
+            let a = &atoms[*i];
+            // `cg`: the given index's coefficient; `cb`: the bounded index's.
+            let (cg, cb) = if transposed {
+                (a.ck, a.cq)
+            } else {
+                (a.cq, a.ck)
+            };
+            if cb == 0 {
+                return (HULL_NEG, HULL_POS);
+            }
+            let g0 = env.offset(&a.offset) as i64;
+            let (at_min, at_max) = if cg >= 0 { (a0, a1) } else { (a1, a0) };
+            let (gmin, gmax) = (cg * at_min + g0, cg * at_max + g0);
+            let c = cb.abs();
+            let (upper, lower) = if cb > 0 {
+                (fdiv(-gmin, c), cdiv(-gmax, c))
+            } else {
+                (fdiv(gmax, c), cdiv(gmin, c))
+            };
+            let bounds_upper = matches!(
+                (a.op, cb > 0),
+                (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, true)
+                    | (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, false)
+            );
+            let bounds_lower = matches!(
+                (a.op, cb > 0),
+                (CmpOp::Gt | CmpOp::Ge | CmpOp::Eq, true)
+                    | (CmpOp::Lt | CmpOp::Le | CmpOp::Eq, false)
+            );
+            (
+                if bounds_lower { lower } else { HULL_NEG },
+                if bounds_upper { upper } else { HULL_POS },
+            )
+        }
+        MaskTree::And(xs) | MaskTree::Or(xs) => {
+            let and = matches!(t, MaskTree::And(_));
+            let kids = xs
+                .iter()
+                .map(|x| node_hull(x, atoms, env, (a0, a1), transposed));
+            if and {
+                kids.fold((HULL_NEG, HULL_POS), |(l, h), (a, b)| (l.max(a), h.min(b)))
+            } else {
+                kids.fold((HULL_POS, HULL_NEG), |(l, h), (a, b)| (l.min(a), h.max(b)))
+            }
+        }
+        _ => (HULL_NEG, HULL_POS),
+    }
+}
+
+/// Floor and ceiling of `a / b` for `b > 0` (the prelude's `fdiv`, `cdiv`).
+fn fdiv(a: i64, b: i64) -> i64 {
+    a.div_euclid(b)
+}
+fn cdiv(a: i64, b: i64) -> i64 {
+    -fdiv(-a, b)
+}

@@ -32,7 +32,7 @@ use crate::spec::VariantSpec;
 pub use backward::{
     backward_pipeline, default_backward_config, default_backward_config_for, grad_params,
 };
-pub use classify::{classify, key_tile_classes, TileClass, TileEnv};
+pub use classify::{classify, hull, key_tile_classes, TileClass, TileEnv};
 pub use mask::{analyse_mask, range_lookup, AffineAtom, CmpOp, MaskPlan, MaskTree, RangeAtom};
 pub use operand::{
     arg_layout, arg_layout_with, ArgField, ArgLayout, ArgSlot, Extent, GridRule, LaunchShape,
