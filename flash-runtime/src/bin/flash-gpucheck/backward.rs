@@ -40,20 +40,7 @@ pub fn check_backward(
     SHAPES
         .iter()
         .enumerate()
-        .map(|(i, &sh)| match case(rt, spec, sh, seed + i as u64, cfg) {
-            Ok(v) => v,
-            Err(e) => (
-                false,
-                format!(
-                    "FAIL bwd {} {} {} d{} {:?}: {e}",
-                    family_tag(cfg),
-                    spec.name,
-                    spec.dtype.name(),
-                    spec.head_dim_qk,
-                    sh
-                ),
-            ),
-        })
+        .map(|(i, &sh)| check_backward_at(rt, spec, seed + i as u64, cfg, sh))
         .collect()
 }
 
@@ -238,8 +225,9 @@ fn run_backward(
     })
 }
 
-/// One case of the check at `dims` (batch, seq_q, seq_k, heads_q, heads_kv): the long shapes
-/// that reach the mask's query hulls (windows of 1024 keys) and many query tiles per key block.
+/// One case of the check at `dims` (batch, seq_q, seq_k, heads_q, heads_kv): each of `SHAPES`,
+/// and the long shapes that reach the mask's query hulls (windows of 1024 keys) and many query
+/// tiles per key block.
 pub fn check_backward_at(
     rt: &Runtime,
     spec: &VariantSpec,

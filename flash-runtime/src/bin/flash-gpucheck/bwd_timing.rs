@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::device::{param_args, upload_params};
 use crate::timing::{density, variant_workloads};
-use crate::variants::with;
+use crate::variants::{example, with};
 
 struct Bufs {
     x: [CudaSlice<u16>; 5],
@@ -107,13 +107,7 @@ pub fn timing_backward(
     specs: &[VariantSpec],
     rows: &mut Vec<Value>,
 ) -> Result<(), FlashError> {
-    let get = |name: &str| {
-        specs
-            .iter()
-            .find(|s| s.name == name)
-            .cloned()
-            .ok_or_else(|| FlashError::Invalid(format!("no variant `{name}` in the examples")))
-    };
+    let get = |name: &str| example(specs, name);
     // The examples' `Dense` or `Causal` at head dim `d`, bf16, and its backward FLOPs (2.5x the
     // forward's).
     let dense = |causal: bool, d: usize| -> Result<VariantSpec, FlashError> {

@@ -10,7 +10,7 @@ use flash_runtime::{FlashError, KernelCache, LseMut, Runtime, TensorMut, TensorR
 use serde_json::{json, Value};
 
 use crate::device::{param_args, upload_params};
-use crate::variants::{precompile, with};
+use crate::variants::{example, precompile, with};
 
 /// Fraction of visible (q, k) pairs of a peers.py variant workload at `n × n`.
 /// The peers.py variant workloads at sequence length `n` with `h` heads: (label, example
@@ -126,13 +126,7 @@ pub fn timing(
     specs: &[VariantSpec],
     rows: &mut Vec<Value>,
 ) -> Result<(), FlashError> {
-    let get = |name: &str| {
-        specs
-            .iter()
-            .find(|s| s.name == name)
-            .cloned()
-            .ok_or_else(|| FlashError::Invalid(format!("no variant `{name}` in the examples")))
-    };
+    let get = |name: &str| example(specs, name);
     let gpu = rt.info().name.clone();
     let elems = 16384 * 2048;
     // Kernels first, in parallel.

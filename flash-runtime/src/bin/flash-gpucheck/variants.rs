@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use flash_dsl::{DType, TileConfig, VariantSpec};
-use flash_runtime::Runtime;
+use flash_runtime::{FlashError, Runtime};
 
 /// Every declaration of every `dir/*.flash`, files in name order.
 pub fn load_variants(dir: &Path) -> Result<Vec<VariantSpec>, String> {
@@ -12,6 +12,15 @@ pub fn load_variants(dir: &Path) -> Result<Vec<VariantSpec>, String> {
         .into_iter()
         .flat_map(|(_, specs)| specs)
         .collect())
+}
+
+/// The declaration named `name` among `specs` (the timing workloads use the examples').
+pub fn example(specs: &[VariantSpec], name: &str) -> Result<VariantSpec, FlashError> {
+    specs
+        .iter()
+        .find(|s| s.name == name)
+        .cloned()
+        .ok_or_else(|| FlashError::Invalid(format!("no variant `{name}` in the examples")))
 }
 
 pub fn with(spec: &VariantSpec, d: u32, dt: DType) -> VariantSpec {
