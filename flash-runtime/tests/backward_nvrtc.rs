@@ -12,16 +12,14 @@
 
 mod common;
 
-use flash_dsl::plan::backward::{
-    backward_config_is_valid, backward_pipeline_with, plan_backward_main_with,
-};
+use flash_dsl::plan::backward::{backward_pipeline_with, plan_backward_main_with};
 use flash_dsl::plan::{
     backward_pipeline, default_backward_config, default_backward_config_for, KernelFamily,
     KernelKind,
 };
-use flash_dsl::TileConfig;
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
+use flash_runtime::tune::backward_candidates;
 
 fn examples() -> Vec<VariantSpec> {
     common::example_specs()
@@ -58,20 +56,9 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
                 // other configurations the tuner tries (64 keys; 128 queries at d <= 64).
                 let default = default_backward_config_for(&s, KernelFamily::Sm90Ws);
                 assert_eq!(default.family, KernelFamily::Sm90);
-                let mut cfgs = vec![default];
-                for (block_m, block_n, warps) in [(64, 128, 8), (64, 64, 4), (128, 128, 8)] {
-                    let c = TileConfig {
-                        block_m,
-                        block_n,
-                        warps,
-                        family: KernelFamily::Sm90,
-                        ..default_backward_config()
-                    };
-                    if !cfgs.contains(&c) && backward_config_is_valid(&s, &c).is_ok() {
-                        cfgs.push(c);
-                    }
-                }
-                for cfg in cfgs {
+                let cfgs = backward_candidates(&s, KernelFamily::Sm90Ws);
+                assert_eq!(cfgs[0], default);
+                for cfg in cfgs.into_iter().filter(|c| c.family == KernelFamily::Sm90) {
                     for det in [false, true] {
                         if det && (dtype != DType::Bf16 || cfg != default) {
                             continue;

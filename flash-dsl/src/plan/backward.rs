@@ -39,8 +39,8 @@ pub fn default_backward_config() -> TileConfig {
 }
 
 /// The default backward configuration for a device whose fastest forward family is `family`:
-/// on sm_90a the wgmma kernel (`Sm90`, two warpgroups of 64 keys, 64 queries per step), where
-/// the head dims allow it; elsewhere [`default_backward_config`].
+/// on sm_90a the wgmma kernel (`Sm90`, two warpgroups of 64 keys; 64 queries per step, 128 at
+/// head dims up to 64), where the head dims allow it; elsewhere [`default_backward_config`].
 pub fn default_backward_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
     let mut hopper = TileConfig {
         family: KernelFamily::Sm90,

@@ -124,12 +124,7 @@ impl Runtime {
         let cfg = opts
             .config
             .unwrap_or_else(|| default_backward_config_for(spec, self.info.default_family));
-        if !cfg.family.runs_on(&self.info.arch) {
-            return Err(invalid(format!(
-                "backward tile configuration {cfg:?} needs the {:?} kernel family, which {} ({}) cannot run",
-                cfg.family, self.info.name, self.info.arch
-            )));
-        }
+        self.require_family(&cfg)?;
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),

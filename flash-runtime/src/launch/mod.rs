@@ -170,19 +170,27 @@ impl Runtime {
         // configuration must name a family the device can run.
         let family = self.info.default_family;
         let config = match config {
-            Some(c) if !c.family.runs_on(&self.info.arch) => {
-                return Err(invalid(format!(
-                "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
-                c.family, self.info.name, self.info.arch
-            )))
+            Some(c) => {
+                self.require_family(&c)?;
+                c
             }
-            Some(c) => c,
             None => flash_dsl::plan::default_config_for(spec, family),
         };
         flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
         })
+    }
+
+    /// A tile configuration must name a kernel family this device runs (forward or backward).
+    pub(crate) fn require_family(&self, c: &TileConfig) -> Result<(), FlashError> {
+        if c.family.runs_on(&self.info.arch) {
+            return Ok(());
+        }
+        Err(invalid(format!(
+            "tile configuration {c:?} needs the {:?} kernel family, which {} ({}) cannot run",
+            c.family, self.info.name, self.info.arch
+        )))
     }
 
     /// Plans, emits, compiles (through the cache) and loads the kernel of `spec`; memoised per
