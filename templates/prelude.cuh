@@ -30,6 +30,27 @@ __device__ __forceinline__ u32 swz(int row, int chunk, int pitch) {
   return (u32)(row * pitch + (((chunk & ~7) | ((chunk ^ row) & 7)) << 4));
 }
 
+// ---- dropout's generator ------------------------------------------------------------------
+
+/// Philox4x32-10 as Random123 defines it: `flash_dsl::dropout::philox4x32_10` bit for bit.
+__device__ __forceinline__ uint4 philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
+    const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    const u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
 // ---- asynchronous global -> shared copies (sm_80+) ----------------------------------------
 
 /// Copies 16 bytes, or zero-fills them when `src_bytes` is 0 (rows past the sequence end).

@@ -336,6 +336,7 @@ mod tests {
             params,
             mask: None,
             score: None,
+            dropout: None,
         }
     }
 

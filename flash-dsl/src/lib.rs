@@ -13,6 +13,7 @@
 pub mod ast;
 pub mod deriv;
 pub mod diag;
+pub mod dropout;
 pub mod emit;
 pub mod eval;
 pub mod files;

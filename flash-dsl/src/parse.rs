@@ -118,7 +118,9 @@ fn parse_entry(input: ParseStream) -> syn::Result<Entry> {
         "head_dim" => Value::HeadDim(parse_head_dim(input)?),
         "dtype" => Value::DType(input.parse()?),
         "params" => Value::Params(parse_params(input)?),
-        "scale" | "mask" | "score" => Value::Expr(Box::new(parse_expr_value(input, &key)?)),
+        "scale" | "mask" | "score" | "dropout" => {
+            Value::Expr(Box::new(parse_expr_value(input, &key)?))
+        }
         _ => Value::Other(tokens_until_comma(input)?),
     };
     Ok(Entry { key, value })

@@ -321,6 +321,22 @@ pub struct VariantSpec {
     pub mask: Option<Expr>,
     /// Score modification of `s`; `None` means the identity.
     pub score: Option<Expr>,
+    /// Dropout on the normalised probabilities; `None` means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<Dropout>,
+}
+
+/// The probability of dropout (`dropout: 0.1` or `dropout: p`): O = (dropout(P) / (1 − p))·V
+/// with P the normalised probabilities, as FlashAttention defines it; the LSE is unaffected.
+/// The keep decisions come from [`crate::dropout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dropout {
+    /// A constant probability in `[0, 1)`.
+    Const(F64Bits),
+    /// A scalar `f32` parameter (by index into `VariantSpec::params`), checked to lie in
+    /// `[0, 1)` at every launch; training and evaluation share one compiled kernel, and p = 0
+    /// skips the generator.
+    Param(usize),
 }
 
 impl VariantSpec {

@@ -214,6 +214,26 @@ fn emit(decl: &Decl, spec: &VariantSpec) -> TokenStream {
         field_names.push(f);
         args.push(arg);
     }
+    if spec.dropout.is_some() {
+        // The dropout generator's state travels with the params, after the declared ones.
+        let (seed, offset) = (
+            Ident::new("dropout_seed", Span::call_site()),
+            Ident::new("dropout_offset", Span::call_site()),
+        );
+        fields.push(quote!(
+            #[doc = "Seed of the dropout generator: the same seed and offset give the same mask in the forward and the backward."]
+            pub #seed: u64,
+        ));
+        fields.push(quote!(
+            #[doc = "Offset of the dropout generator: advance it between steps that must draw different masks."]
+            pub #offset: u64,
+        ));
+        ctor_args.push(quote!(#seed: u64));
+        ctor_args.push(quote!(#offset: u64));
+        field_names.push(seed.clone());
+        field_names.push(offset.clone());
+        args.push(quote!(#rt::ParamArg::dropout(params.#seed, params.#offset)));
+    }
     let params_doc = format!("Runtime parameters of [`{name_str}`], in declaration order.");
     let new_doc = format!("The parameters of [`{name_str}`], in declaration order.");
     let span = name.span();

@@ -26,6 +26,8 @@ pub enum NpyData {
     F64(Vec<f64>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    /// uint8 (dropout masks: 1 = kept).
+    U8(Vec<u8>),
 }
 
 /// An n-dimensional array read from or written to a `.npy` file.
@@ -47,6 +49,7 @@ impl NpyData {
             NpyData::F64(v) => v.len(),
             NpyData::I32(v) => v.len(),
             NpyData::I64(v) => v.len(),
+            NpyData::U8(v) => v.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -61,6 +64,7 @@ impl NpyData {
             NpyData::F64(_) => "<f8",
             NpyData::I32(_) => "<i4",
             NpyData::I64(_) => "<i8",
+            NpyData::U8(_) => "|u1",
         }
     }
     /// Every element as f64 (exact for all accepted types but i64 beyond 2^53).
@@ -78,6 +82,7 @@ impl NpyData {
             NpyData::F64(v) => v.clone(),
             NpyData::I32(v) => v.iter().map(|&x| x as f64).collect(),
             NpyData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            NpyData::U8(v) => v.iter().map(|&x| x as f64).collect(),
         }
     }
     /// Elements as f32 (rounded from f64).
@@ -191,9 +196,10 @@ impl NpyArray {
             "<f8" => NpyData::F64(chunks(take(8)?, f64::from_le_bytes)),
             "<i4" => NpyData::I32(chunks(take(4)?, i32::from_le_bytes)),
             "<i8" => NpyData::I64(chunks(take(8)?, i64::from_le_bytes)),
+            "|u1" | "<u1" => NpyData::U8(take(1)?.to_vec()),
             d => {
                 return Err(bad(format!(
-                    "unsupported .npy element type '{d}'; accepted: <f2, <V2 (bfloat16), <f4, <f8, <i4, <i8"
+                    "unsupported .npy element type '{d}'; accepted: <f2, <V2 (bfloat16), <f4, <f8, <i4, <i8, |u1"
                 )))
             }
         };
@@ -243,6 +249,7 @@ impl NpyArray {
             NpyData::F64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
             NpyData::I32(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
             NpyData::I64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+            NpyData::U8(v) => out.extend_from_slice(v),
         }
         out
     }
@@ -336,6 +343,7 @@ mod tests {
         );
         round_trip(&NpyArray::new(vec![2], NpyData::F64(vec![1.5, f64::NEG_INFINITY])).unwrap());
         round_trip(&NpyArray::new(vec![4], NpyData::I32(vec![0, 0, 1, 7])).unwrap());
+        round_trip(&NpyArray::new(vec![2, 3], NpyData::U8(vec![0, 1, 1, 0, 1, 0])).unwrap());
         round_trip(&NpyArray::new(vec![1], NpyData::I64(vec![-3])).unwrap());
         round_trip(&NpyArray::new(vec![], NpyData::F32(vec![2.0])).unwrap());
         round_trip(&NpyArray::new(vec![0, 5], NpyData::F32(vec![])).unwrap());

@@ -7,6 +7,7 @@
 use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use flash_dsl::dropout::DropoutRng;
 use flash_dsl::spec::ScalarTy;
 
 /// A declared attention variant.
@@ -33,6 +34,10 @@ pub enum ParamArg<'a> {
     },
     I32(i32),
     F32(f32),
+    /// The dropout generator's seed and offset. A variant that declares `dropout` takes exactly
+    /// one, after its declared params (`ParamArg::dropout(seed, offset)`); the same seed and
+    /// offset give the same mask in the forward and the backward, on every GPU and tile size.
+    Rng(DropoutRng),
 }
 
 impl<'a> ParamArg<'a> {
@@ -44,6 +49,10 @@ impl<'a> ParamArg<'a> {
             elem,
             _borrow: PhantomData,
         }
+    }
+    /// The dropout generator state of a launch (see [`ParamArg::Rng`]).
+    pub fn dropout(seed: u64, offset: u64) -> Self {
+        ParamArg::Rng(DropoutRng { seed, offset })
     }
     pub fn tensor_i32(s: &'a CudaSlice<i32>, stream: &CudaStream) -> Self {
         let (ptr, _sync) = s.device_ptr(stream);

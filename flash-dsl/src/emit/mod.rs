@@ -20,7 +20,11 @@ use crate::spec::DType;
 use expr::{classify_body, grad_field_name, hull_body, param_field, query_hull_body, ExprCx};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
-pub const PARTIALS: [(&str, &str); 7] = [
+pub const PARTIALS: [(&str, &str); 8] = [
+    (
+        "dropout",
+        include_str!("../../../templates/common/dropout.cu.hbs"),
+    ),
     (
         "args",
         include_str!("../../../templates/common/args.cu.hbs"),
@@ -134,6 +138,10 @@ struct Context {
     deterministic: bool,
     /// The wgmma backward forms P early (see `plan::backward::early_p`).
     early_p: bool,
+    /// The kernel decides dropout (forward and backward main kernels of a variant with dropout).
+    has_dropout: bool,
+    /// The dropout probability as a C++ `float` expression over `args`.
+    dropout_p: String,
     /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
     wgmma_defs: String,
 }
@@ -206,6 +214,9 @@ fn arg_fields(plan: &KernelPlan) -> Vec<String> {
             ArgField::Size(e) => format!("int {};", e.name()),
             ArgField::Scale => "float scale;  // softmax scale".to_string(),
             ArgField::ScaleLog2 => "float scale_log2;  // scale · log2(e)".to_string(),
+            ArgField::DropoutRng => {
+                "unsigned long long drop_seed, drop_offset;  // dropout generator state".to_string()
+            }
             ArgField::Param(i) => param_field(&plan.spec.params[i]),
             ArgField::ParamGrad(i) => format!(
                 "float* {};  // gradient of `{}`, added into",
@@ -248,6 +259,13 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         (KernelKind::BackwardMain, Some(g)) => cx.expr(&g.d_ds),
         _ => String::new(),
     };
+    let has_dropout = spec.dropout.is_some()
+        && matches!(plan.kind, KernelKind::Forward | KernelKind::BackwardMain);
+    let dropout_p = match spec.dropout {
+        Some(crate::spec::Dropout::Const(v)) => format!("{:?}f", v.get() as f32),
+        Some(crate::spec::Dropout::Param(i)) => cx.expr(&crate::spec::Expr::Scalar(i)),
+        None => String::new(),
+    };
     let ctx = Context {
         generator_version: crate::GENERATOR_VERSION,
         variant: spec.name.clone(),
@@ -280,6 +298,8 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_fix_body: grads.fix,
         deterministic: plan.deterministic,
         early_p: plan.kind == KernelKind::BackwardMain && crate::plan::backward::early_p(spec),
+        has_dropout,
+        dropout_p,
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

@@ -22,6 +22,7 @@
 //! A row with no visible key contributes nothing (no NaN), and neither does a key whose
 //! probability is exactly 0 (for instance a score of `-inf`).
 
+use crate::dropout::DropoutFactor;
 use crate::eval::{Env, ParamValue, ParamValues, Point};
 use crate::model::reference::{dot, visible_keys, Problem};
 use crate::spec::{Dim, Expr, ParamKind, ScalarTy, VariantSpec};
@@ -253,6 +254,7 @@ pub fn backward_with(
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     check_dout(p, dout, dv);
     let env = Env::new(spec, &p.params, p.sizes());
+    let drop = DropoutFactor::new(spec, &p.params, p.rng, p.heads_q);
     let scale = spec.softmax_scale();
     let mut g = Gradients::zeros(spec, p);
     let mut scores: RowScores = Vec::with_capacity(p.seq_k);
@@ -282,6 +284,7 @@ pub fn backward_with(
                 o.iter_mut().for_each(|x| *x = 0.0);
                 for (&(j, ..), &w) in scores.iter().zip(&probs) {
                     let vrow = &p.v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
+                    let w = w * drop.at(b, h, i, j);
                     o.iter_mut().zip(vrow).for_each(|(o, v)| *o += w * v);
                 }
                 let dorow = &dout[Problem::row(b, i, h, p.seq_q, p.heads_q, dv)..][..dv];
@@ -292,10 +295,13 @@ pub fn backward_with(
                     }
                     let koff = Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk);
                     let voff = Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv);
+                    // Dropout: O = Σ P·f·v with f = mask/(1 − p), so dV gets P·f·dO and the
+                    // gradient of P is f·(dO·v); D = dO·O already holds the dropped O.
+                    let f = drop.at(b, h, i, j);
                     for (g, x) in g.dv[voff..voff + dv].iter_mut().zip(dorow) {
-                        *g += w * x;
+                        *g += w * f * x;
                     }
-                    let dp = dot(dorow, &p.v[voff..][..dv]);
+                    let dp = f * dot(dorow, &p.v[voff..][..dv]);
                     let dz = w * (dp - d);
                     let ds = dz * how.d_ds(&env, &pt);
                     for t in 0..dqk {
@@ -354,6 +360,7 @@ pub fn backward_lowp(
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     check_dout(p, dout, dv);
     let env = Env::new(spec, &p.params, p.sizes());
+    let drop = DropoutFactor::new(spec, &p.params, p.rng, p.heads_q);
     let mut how = NumericDerivative::new(spec, &p.params);
     let scale = spec.softmax_scale() as f32;
     let rounded = |xs: &[f64]| -> Vec<f32> { xs.iter().map(|&x| round(x as f32)).collect() };
@@ -399,18 +406,25 @@ pub fn backward_lowp(
                 let l: f32 = scores.iter().map(|&(.., z)| (z - m).exp()).sum();
                 let dorow = &dout[Problem::row(b, i, h, p.seq_q, p.heads_q, dv)..][..dv];
                 // P and dP of the row, then the softmax backward's rowsum(P∘dP).
-                let pd: Vec<(f32, f32)> = scores
+                // With dropout, P·f (f = mask/(1 − p)) is the rounded product that met V, and
+                // dP is the rounded f·(dO·vᵀ) (dropout's backward, one more half-precision op).
+                let pd: Vec<(f32, f32, f32)> = scores
                     .iter()
                     .map(|&(j, _, z)| {
                         let voff = Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv);
-                        (
-                            round((z - m).exp() / l),
-                            round(dot32(dorow, &v[voff..][..dv])),
-                        )
+                        let w = round((z - m).exp() / l);
+                        let dpd = round(dot32(dorow, &v[voff..][..dv]));
+                        match spec.dropout {
+                            None => (w, w, dpd),
+                            Some(_) => {
+                                let f = drop.at(b, h, i, j) as f32;
+                                (w, round(w * f), round(dpd * f))
+                            }
+                        }
                     })
                     .collect();
-                let d: f32 = pd.iter().map(|&(w, dp)| w * dp).sum();
-                for (&(j, pt, _), &(w, dp)) in scores.iter().zip(&pd) {
+                let d: f32 = pd.iter().map(|&(w, _, dp)| w * dp).sum();
+                for (&(j, pt, _), &(w, wd, dp)) in scores.iter().zip(&pd) {
                     if w == 0.0 {
                         continue;
                     }
@@ -418,7 +432,7 @@ pub fn backward_lowp(
                     let hk = Problem::row(b, j, h, p.seq_k, p.heads_q, dqk);
                     let hv = Problem::row(b, j, h, p.seq_k, p.heads_q, dv);
                     for (g, x) in dv_h[hv..hv + dv].iter_mut().zip(dorow) {
-                        *g += w * x;
+                        *g += wd * x;
                     }
                     let dz = round(w * (dp - d));
                     let ds = match spec.score {

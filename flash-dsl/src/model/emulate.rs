@@ -20,6 +20,7 @@ pub fn forward(plan: &KernelPlan, p: &Problem) -> Output {
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let (bm, bn) = (plan.config.block_m as usize, plan.config.block_n as usize);
     let env = Env::new(spec, &p.params, p.sizes());
+    let drop = crate::dropout::DropoutFactor::new(spec, &p.params, p.rng, p.heads_q);
     let scale = spec.softmax_scale();
     let mut out = Output {
         o: vec![0.0; p.batch * p.seq_q * p.heads_q * dv],
@@ -94,6 +95,8 @@ pub fn forward(plan: &KernelPlan, p: &Problem) -> Output {
                                 continue;
                             }
                             row_sum += w;
+                            // The running sum takes P before dropout (the LSE is unaffected).
+                            let w = w * drop.at(b, h, i, k0 + jj);
                             let vrow = &p.v
                                 [Problem::row(b, k0 + jj, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
                             for (a, v) in a_row.iter_mut().zip(vrow) {

@@ -11,6 +11,7 @@
 //! Query head `h` reads key/value head `h / (hq / hkv)` (GQA / MQA). A row with no visible key
 //! (or `seq_k = 0`) gives `o = 0` and `lse = -inf`, never NaN.
 
+use crate::dropout::{DropoutFactor, DropoutRng};
 use crate::eval::{Env, ParamValues, Point, Sizes};
 use crate::spec::VariantSpec;
 
@@ -29,6 +30,8 @@ pub struct Problem {
     /// `[batch, seq_k, heads_kv, head_dim_v]`.
     pub v: Vec<f64>,
     pub params: ParamValues,
+    /// The dropout generator's seed and offset (read only by variants with dropout).
+    pub rng: DropoutRng,
 }
 
 /// Result of a forward pass.
@@ -71,6 +74,7 @@ impl Problem {
             k: draw(batch * seq_k * heads_kv * dqk),
             v: draw(batch * seq_k * heads_kv * dv),
             params,
+            rng: DropoutRng::default(),
         }
     }
 
@@ -164,6 +168,7 @@ pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let env = Env::new(spec, &p.params, p.sizes());
+    let drop = DropoutFactor::new(spec, &p.params, p.rng, p.heads_q);
     let scale = spec.softmax_scale();
     let mut out = Output {
         o: vec![0.0; p.batch * p.seq_q * p.heads_q * dv],
@@ -191,6 +196,7 @@ pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
                 for &(j, s) in &scores {
                     let w = (s - m).exp();
                     l += w;
+                    let w = w * drop.at(b, h, i, j);
                     let vrow = &p.v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
                     for (o, v) in out.o[orow..orow + dv].iter_mut().zip(vrow) {
                         *o += w * v;
@@ -213,6 +219,7 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let env = Env::new(spec, &p.params, p.sizes());
+    let drop = DropoutFactor::new(spec, &p.params, p.rng, p.heads_q);
     let scale = spec.softmax_scale() as f32;
     let q: Vec<f32> =
         p.q.iter()
@@ -251,7 +258,11 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
                 let l: f32 = scores.iter().map(|&(_, s)| (s - m).exp()).sum();
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for &(j, s) in &scores {
-                    let w = round((s - m).exp() / l);
+                    let mut w = round((s - m).exp() / l);
+                    if spec.dropout.is_some() {
+                        // dropout(P) = P·mask/(1 − p), one more half-precision op.
+                        w = round(w * drop.at(b, h, i, j) as f32);
+                    }
                     let vrow = &v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
                     for (a, v) in acc.iter_mut().zip(vrow) {
                         *a += w * v;
@@ -324,6 +335,7 @@ mod tests {
             params: vec![],
             mask: None,
             score: None,
+            dropout: None,
         }
     }
 

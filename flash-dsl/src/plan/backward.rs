@@ -16,7 +16,10 @@ use super::operand::{
     arg_layout_with, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
 };
 use super::tile::{KernelFamily, PlanError, TileConfig};
-use super::{forward::ATTENTION_SCALARS, kernel_name, KernelKind, KernelPlan, Pipeline};
+use super::{
+    forward::attention_scalars, forward::ATTENTION_SCALARS, kernel_name, KernelKind, KernelPlan,
+    Pipeline,
+};
 use crate::deriv::{score_gradient, ParamGrad};
 use crate::spec::{Expr, ParamKind, ScalarTy, Var, VariantSpec};
 
@@ -388,7 +391,7 @@ pub fn plan_backward_main_with(
         .into_iter()
         .map(ArgField::ParamGrad)
         .collect();
-    let args = arg_layout_with(spec, &operands, &ATTENTION_SCALARS, &grads, true);
+    let args = arg_layout_with(spec, &operands, &attention_scalars(spec), &grads, true);
     Ok(KernelPlan {
         kind: KernelKind::BackwardMain,
         spec: spec.clone(),

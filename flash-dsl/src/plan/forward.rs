@@ -25,6 +25,16 @@ pub const ATTENTION_SCALARS: [ArgField; 7] = [
     ArgField::ScaleLog2,
 ];
 
+/// [`ATTENTION_SCALARS`], then the dropout generator's state for variants with dropout (the
+/// kernels that decide which probabilities survive: the forward and the backward main kernel).
+pub fn attention_scalars(spec: &VariantSpec) -> Vec<ArgField> {
+    let mut s = ATTENTION_SCALARS.to_vec();
+    if spec.dropout.is_some() {
+        s.push(ArgField::DropoutRng);
+    }
+    s
+}
+
 /// Q, K, V (`[batch, seq, heads, head_dim]`, strided), O (strided) and the LSE (contiguous
 /// `[batch, heads_q, seq_q]` f32, natural log). TMA families load Q, K and V through
 /// descriptors with boxes of the tile's rows.
@@ -78,7 +88,7 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
     config_is_valid(spec, &config)?;
     let operands = forward_operands(spec, &config);
-    let args = arg_layout(spec, &operands, &ATTENTION_SCALARS);
+    let args = arg_layout(spec, &operands, &attention_scalars(spec));
     Ok(KernelPlan {
         kind: KernelKind::Forward,
         spec: spec.clone(),

@@ -166,6 +166,8 @@ pub enum ArgField {
     Scale,
     /// The softmax scale times log2(e) (`f32`), for the exp2-domain softmax.
     ScaleLog2,
+    /// The dropout generator's seed and offset (two `u64`), for variants with dropout.
+    DropoutRng,
     /// User parameter `i` (`VariantSpec::params`): a device pointer or a 4-byte scalar.
     Param(usize),
     /// The 128-byte TMA descriptor of operand `i`.
@@ -208,6 +210,7 @@ impl ArgField {
                 ParamKind::Scalar(_) => (4, 4),
             },
             ArgField::Tma(_) => (TMA_DESC_BYTES, TMA_DESC_BYTES),
+            ArgField::DropoutRng => (16, 8),
             ArgField::ParamGrad(_) => (8, 8),
         }
     }
@@ -323,6 +326,7 @@ mod tests {
             params,
             mask: None,
             score: None,
+            dropout: None,
         }
     }
 

@@ -13,6 +13,7 @@ fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
         params,
         mask,
         score: None,
+        dropout: None,
     }
 }
 fn var(v: Var) -> Expr {
@@ -177,6 +178,7 @@ fn invalid_configs_name_the_value() {
     );
     assert_eq!(err(cfg(128, 48, 4, 2)), PlanError::BlockN(48));
     assert_eq!(err(cfg(128, 64, 4, 4)), PlanError::Stages(4));
+    assert_eq!(err(cfg(128, 64, 4, 3)), PlanError::Stages(3));
     assert_eq!(
         err(cfg(128, 64, 4, 4)).to_string(),
         "stages must be 1, 2 or 3; got 4"

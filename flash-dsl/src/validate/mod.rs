@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use crate::ast::{doc_text, Decl, ParamAst, Value};
 use crate::diag::{Diagnostic, Report};
-use crate::spec::{Expr, F64Bits, Ty, VariantSpec};
+use crate::spec::{Dropout, Expr, F64Bits, Ty, VariantSpec};
 
 pub use consts::{const_eval, Const};
 pub use lower::{aligned_q, causal_expr};
@@ -85,6 +85,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut params_ast: Option<&[ParamAst]> = None;
     let mut mask_ast = None;
     let mut score_ast = None;
+    let mut dropout_ast = None;
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
     for entry in &decl.entries {
@@ -116,6 +117,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("scale", Value::Expr(e)) => scale = Some(e),
             ("mask", Value::Expr(e)) => mask_ast = Some(e),
             ("score", Value::Expr(e)) => score_ast = Some(e),
+            ("dropout", Value::Expr(e)) => dropout_ast = Some(e),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -204,6 +206,8 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         }
     });
 
+    let dropout = dropout_ast.and_then(|dv| check_dropout(dv, &params, &mut errs));
+
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);
     }
@@ -220,5 +224,63 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         params,
         mask,
         score,
+        dropout,
     })
+}
+
+/// `dropout: 0.1` (a constant in `[0, 1)`) or `dropout: p` (a scalar `f32` parameter).
+fn check_dropout(
+    dv: &crate::ast::ExprValue,
+    params: &[crate::spec::ParamDecl],
+    errs: &mut Vec<Report>,
+) -> Option<Dropout> {
+    use crate::spec::{ParamKind, ScalarTy};
+    if let syn::Expr::Path(p) = &dv.expr {
+        if let Some(id) = p.path.get_ident() {
+            let name = id.to_string();
+            if let Some(i) = params.iter().position(|d| d.name == name) {
+                return match &params[i].kind {
+                    ParamKind::Scalar(ScalarTy::F32) => Some(Dropout::Param(i)),
+                    ParamKind::Scalar(t) => {
+                        errs.push(Report::spanned(
+                            &dv.tokens,
+                            format!("dropout parameter `{name}` must be a scalar `f32` probability; it is declared `{}`", t.name()),
+                        ));
+                        None
+                    }
+                    ParamKind::Tensor { .. } => {
+                        errs.push(Report::spanned(
+                            &dv.tokens,
+                            format!("dropout parameter `{name}` must be a scalar `f32` probability, not a tensor: one probability per launch"),
+                        ));
+                        None
+                    }
+                };
+            }
+        }
+    }
+    let mut ck = Checker::new(params, Ctx::Scale, errs);
+    let (e, ty) = ck.expr(&dv.expr)?;
+    ck.numeric(&dv.tokens, (e.clone(), ty))?;
+    let usage = "dropout must be a constant probability like `0.1` or the name of a scalar `f32` parameter, like `dropout: p` with `params: { p: f32 }`";
+    if !is_constant(&e) {
+        errs.push(Report::spanned(&dv.tokens, usage));
+        return None;
+    }
+    let v = match const_eval(&e) {
+        Some(Const::Int(v)) => v as f64,
+        Some(Const::Float(v)) => v,
+        _ => {
+            errs.push(Report::spanned(&dv.tokens, usage));
+            return None;
+        }
+    };
+    if !(0.0..1.0).contains(&v) {
+        errs.push(Report::spanned(
+            &dv.tokens,
+            format!("dropout probability must lie in [0, 1); got {v}"),
+        ));
+        return None;
+    }
+    Some(Dropout::Const(F64Bits::new(v)))
 }

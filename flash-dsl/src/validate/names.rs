@@ -4,7 +4,9 @@
 use crate::spec::{Dim, Ty};
 
 /// The keys of a declaration body.
-pub const KEYS: &[&str] = &["head_dim", "dtype", "scale", "params", "mask", "score"];
+pub const KEYS: &[&str] = &[
+    "head_dim", "dtype", "scale", "params", "mask", "score", "dropout",
+];
 /// Built-in variables of expressions.
 pub const VARIABLES: &[&str] = &["b", "h", "q", "k", "s", "seq_q", "seq_k"];
 /// Built-in functions and shorthands.

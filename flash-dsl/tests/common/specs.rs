@@ -57,6 +57,7 @@ pub fn base(name: &str, d: u32, dtype: DType) -> VariantSpec {
         params: vec![],
         mask: None,
         score: None,
+        dropout: None,
     }
 }
 

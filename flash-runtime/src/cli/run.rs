@@ -28,9 +28,10 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, Sizes};
 use flash_dsl::plan::{backward_pipeline, default_backward_config, grad_params};
-use flash_dsl::spec::{ParamKind, ScalarTy};
+use flash_dsl::spec::{Dropout, ParamKind, ScalarTy};
 use flash_dsl::{DType, VariantSpec};
 
 use crate::error::FlashError;
@@ -83,9 +84,38 @@ pub struct RunArgs {
     /// shape; repeatable; needs --do).
     #[arg(long = "dparam")]
     pub dparams: Vec<String>,
+    /// Seed of the dropout generator (variants that declare `dropout`): the same seed and
+    /// offset give the same mask in the forward and the backward, on every GPU.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Offset of the dropout generator (its sub-stream; advance it between training steps).
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// Where to write the dropout keep mask of this launch, `[batch, heads_q, seq_q, seq_k]`
+    /// uint8, 1 = kept: the generator the kernels use, evaluated on the host (the GPU check
+    /// compares it with the masks the kernels apply, bit for bit).
+    #[arg(long, value_name = "MASK.npy")]
+    pub dropout_mask: Option<PathBuf>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+}
+
+/// The dropout generator state of the launch: `--seed`/`--offset` (0 when left out) for a
+/// variant with dropout; an error for one without, which would silently ignore them.
+fn dropout_rng(a: &RunArgs, spec: &VariantSpec) -> Result<Option<DropoutRng>, FlashError> {
+    let given = a.seed.is_some() || a.offset.is_some() || a.dropout_mask.is_some();
+    match (spec.dropout.is_some(), given) {
+        (true, _) => Ok(Some(DropoutRng {
+            seed: a.seed.unwrap_or(0),
+            offset: a.offset.unwrap_or(0),
+        })),
+        (false, true) => Err(invalid(format!(
+            "--seed, --offset and --dropout-mask apply to variants with dropout; `{}` declares none",
+            spec.name
+        ))),
+        (false, false) => Ok(None),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -139,6 +169,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         seq_k: ks[1],
     };
     let bwd = read_backward(a, &spec, o_shape, sizes)?;
+    let rng = dropout_rng(a, &spec)?;
 
     let rt = Runtime::new(a.gpu)?;
     let family = rt.info().default_family;
@@ -161,7 +192,10 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         .alloc_zeros::<f32>(n_lse.max(1))
         .map_err(drv("allocating the LSE"))?;
     let params = DeviceParams::upload(&spec, given, &stream)?;
-    let args = params.args(&stream);
+    let mut args = params.args(&stream);
+    if let Some(r) = rng {
+        args.push(ParamArg::Rng(r));
+    }
 
     {
         let (tq, tk, tv) = (
@@ -179,6 +213,16 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         .clone_dtoh(&lse)
         .map_err(drv("copying the LSE back"))?;
     write_outputs(a, spec.dtype, o_shape, &o_host[..n_o], &lse_host[..n_lse])?;
+    if let (Some(path), Some(r)) = (&a.dropout_mask, rng) {
+        let p = match (spec.dropout, args.get(dropout_param_index(&spec))) {
+            (Some(Dropout::Const(v)), _) => v.get() as f32,
+            (_, Some(ParamArg::F32(p))) => *p,
+            _ => unreachable!("the launch checked the dropout probability"),
+        };
+        let [batch, seq_q, heads_q, _] = o_shape;
+        let mask = r.mask(p, batch, heads_q, seq_q, sizes.seq_k);
+        NpyArray::new(vec![batch, heads_q, seq_q, sizes.seq_k], NpyData::U8(mask))?.write(path)?;
+    }
     eprintln!(
         "ran {} ({}) on {}: q {:?}, k {:?}; kernel {} ms to load ({})",
         spec.name,
@@ -378,6 +422,14 @@ fn read_backward(
 }
 
 /// The declared param names, for error messages.
+/// Index of the dropout probability among the launch params (`usize::MAX` for a constant one).
+fn dropout_param_index(spec: &VariantSpec) -> usize {
+    match spec.dropout {
+        Some(Dropout::Param(i)) => i,
+        _ => usize::MAX,
+    }
+}
+
 fn declared(spec: &VariantSpec) -> String {
     if spec.params.is_empty() {
         return "no params".to_string();

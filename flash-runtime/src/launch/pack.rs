@@ -2,9 +2,10 @@
 //! from the checked operands, the extents, the params and the encoded TMA descriptors. Nothing
 //! here is written per operand; a new kernel kind's struct packs with the same code.
 
+use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, Sizes};
 use flash_dsl::plan::{ArgField, Extent, KernelPlan, TMA_DESC_BYTES};
-use flash_dsl::spec::{ParamKind, ScalarTy};
+use flash_dsl::spec::{Dropout, ParamKind, ScalarTy, VariantSpec};
 
 use super::check::{invalid, Extents};
 use super::tensor::OperandArg;
@@ -68,7 +69,15 @@ pub fn pack_args(
                 ParamArg::I32(x) => out.copy_from_slice(&x.to_le_bytes()),
                 ParamArg::F32(x) => out.copy_from_slice(&x.to_le_bytes()),
                 ParamArg::Tensor { ptr, .. } => out.copy_from_slice(&ptr.to_le_bytes()),
+                ParamArg::Rng(_) => unreachable!("check_params matched the declared kinds"),
             },
+            ArgField::DropoutRng => {
+                let (declared, rng) = split_dropout(spec, params)?;
+                check_probability(spec, declared)?;
+                let rng = rng.expect("a plan with a dropout field belongs to a dropout variant");
+                out[..8].copy_from_slice(&rng.seed.to_le_bytes());
+                out[8..].copy_from_slice(&rng.offset.to_le_bytes());
+            }
             ArgField::ParamGrad(i) => match grads.get(i) {
                 Some(Some(ParamArg::Tensor { ptr, .. })) => out.copy_from_slice(&ptr.to_le_bytes()),
                 _ => unreachable!("check_grads found a buffer for every gradient field"),
@@ -116,6 +125,47 @@ pub fn pack_args(
     })
 }
 
+/// The declared params, and the dropout generator's state that a variant with dropout takes
+/// after them (exactly one [`ParamArg::Rng`], last; none for other variants).
+pub fn split_dropout<'p, 'a>(
+    spec: &VariantSpec,
+    params: &'p [ParamArg<'a>],
+) -> Result<(&'p [ParamArg<'a>], Option<DropoutRng>), FlashError> {
+    let rngs = params
+        .iter()
+        .filter(|p| matches!(p, ParamArg::Rng(_)))
+        .count();
+    match (spec.dropout.is_some(), params.last(), rngs) {
+        (true, Some(ParamArg::Rng(r)), 1) => Ok((&params[..params.len() - 1], Some(*r))),
+        (true, ..) => Err(invalid(format!(
+            "`{}` declares dropout: pass the generator's seed and offset as one last param after the declared ones, `ParamArg::dropout(seed, offset)` (got {rngs} dropout states{})",
+            spec.name,
+            if rngs == 1 { ", not last" } else { "" }
+        ))),
+        (false, _, 0) => Ok((params, None)),
+        (false, ..) => Err(invalid(format!(
+            "`{}` declares no dropout, so it takes no seed and offset (got {rngs} dropout states)",
+            spec.name
+        ))),
+    }
+}
+
+/// A runtime dropout probability must lie in [0, 1) (a constant one was checked when the
+/// declaration was validated).
+fn check_probability(spec: &VariantSpec, params: &[ParamArg<'_>]) -> Result<(), FlashError> {
+    if let Some(Dropout::Param(i)) = spec.dropout {
+        if let Some(ParamArg::F32(p)) = params.get(i) {
+            if !(0.0..1.0).contains(p) {
+                return Err(invalid(format!(
+                    "dropout probability `{}` = {p} of `{}` must lie in [0, 1)",
+                    spec.params[i].name, spec.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks params against the spec: count, kinds, element types, tensor lengths (the element
 /// count their dims resolve to for this launch) and alignment. Returns `(name, address, bytes)`
 /// of each non-empty tensor param, whose allocation the caller still has to check.
@@ -125,6 +175,7 @@ pub fn check_params(
     params: &[ParamArg<'_>],
 ) -> Result<Vec<(String, u64, usize)>, FlashError> {
     let spec = &plan.spec;
+    let (params, _) = split_dropout(spec, params)?;
     if params.len() != spec.params.len() {
         return Err(invalid(format!(
             "`{}` declares {} param(s) ({}); got {}",
@@ -176,6 +227,7 @@ pub fn check_params(
                     ParamArg::I32(_) => "an i32 scalar".to_string(),
                     ParamArg::F32(_) => "an f32 scalar".to_string(),
                     ParamArg::Tensor { elem, .. } => format!("an {} tensor", elem.name()),
+                    ParamArg::Rng(_) => "the dropout generator's state".to_string(),
                 };
                 return Err(invalid(format!(
                     "param `{}` must be {want}; got {got}",

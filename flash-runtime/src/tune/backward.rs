@@ -281,6 +281,7 @@ impl Runtime {
             k: p.host[1].clone(),
             v: p.host[2].clone(),
             params: params.clone(),
+            rng: Default::default(),
         };
         let dout = &p.host[3];
         let exact = backward(spec, &problem, dout);

@@ -29,6 +29,9 @@ pub(super) enum ParamHold {
     F32(f32),
     TI(CudaSlice<i32>, usize),
     TF(CudaSlice<f32>, usize),
+    /// The dropout generator's state, after the declared params of a variant with dropout (the
+    /// tuner's launches and its reference problems both use the default seed and offset).
+    Rng(flash_dsl::dropout::DropoutRng),
 }
 
 /// Times candidates with CUDA events on random inputs of one shape and checks each against the
@@ -270,6 +273,7 @@ impl<'r> GpuTimer<'r> {
             k: down(&self.k, s.batch * s.seq_k * s.heads_kv * dqk)?,
             v: down(&self.v, s.batch * s.seq_k * s.heads_kv * dv)?,
             params: params.clone(),
+            rng: Default::default(),
         })
     }
 }
@@ -313,6 +317,9 @@ pub(super) fn upload_params(
         };
         holds.push(h);
     }
+    if spec.dropout.is_some() {
+        holds.push(ParamHold::Rng(Default::default()));
+    }
     Ok(holds)
 }
 
@@ -327,6 +334,7 @@ pub(super) fn param_args<'a>(
             ParamHold::F32(x) => ParamArg::F32(*x),
             ParamHold::TI(s, n) => with_len(ParamArg::tensor_i32(s, stream), *n),
             ParamHold::TF(s, n) => with_len(ParamArg::tensor_f32(s, stream), *n),
+            ParamHold::Rng(r) => ParamArg::Rng(*r),
         })
         .collect()
 }

@@ -118,11 +118,12 @@ fn prepare(
             k: kv,
             v: vv,
             params: params.clone(),
+            rng: crate::device::CHECK_RNG,
         },
         params,
         dov,
     };
-    let args = param_args(rt, &p.params, &p.dparams);
+    let args = param_args(rt, spec, &p.params, &p.dparams);
     let kernel = rt.load(spec, None)?;
     rt.forward(
         &kernel,
@@ -175,7 +176,7 @@ fn run_backward(
             None
         });
     }
-    let args = param_args(rt, &p.params, &p.dparams);
+    let args = param_args(rt, spec, &p.params, &p.dparams);
     {
         let (qs, ks, vs, os) = (
             [b, sq, hq, d],

@@ -68,7 +68,7 @@ fn time_one(
     let drv = |what: &'static str| move |e| FlashError::Driver(format!("{what}: {e:?}"));
     let shape = [b, n, h, spec.head_dim_qk as usize];
     let dp = upload_params(rt, pv)?;
-    let args = param_args(rt, pv, &dp);
+    let args = param_args(rt, spec, pv, &dp);
     let input = BackwardInputs {
         q: TensorRef::new(&bb.x[0], shape, st),
         k: TensorRef::new(&bb.x[1], shape, st),

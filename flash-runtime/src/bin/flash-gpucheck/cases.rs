@@ -106,6 +106,7 @@ pub fn run_case(
         k: kv,
         v: vv,
         params: params.clone(),
+        rng: crate::device::CHECK_RNG,
     };
     let runs = families
         .iter()
@@ -167,7 +168,7 @@ fn gpu_case(
         .clone_htod(&vec![f32::NAN; n_lse.max(1)])
         .map_err(drv("allocating the LSE"))?;
     let dparams = upload_params(rt, params)?;
-    let args = param_args(rt, params, &dparams);
+    let args = param_args(rt, spec, params, &dparams);
 
     if s.strided {
         // One packed [b, s, 3, h, d] buffer (needs sq == sk, hq == hkv, d == dv).

@@ -1,8 +1,9 @@
 //! Inputs: random Q/K/V rounded to the dtype, random params, and params on the device.
 
+use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, ParamValue, ParamValues, Sizes};
 use flash_dsl::rng::SplitMix as Rng;
-use flash_dsl::spec::{Dim, ParamKind, ScalarTy};
+use flash_dsl::spec::{Dim, Dropout, ParamKind, ScalarTy};
 use flash_dsl::{DType, VariantSpec};
 use flash_runtime::cudarc::driver::CudaSlice;
 use flash_runtime::{FlashError, ParamArg, Runtime};
@@ -22,6 +23,11 @@ pub fn draw(rng: &mut Rng, n: usize, dt: DType) -> (Vec<u16>, Vec<f64>) {
 }
 
 /// Random values for every param of `spec` at `sizes`.
+/// Whether param `name` is `spec`'s dropout probability.
+pub fn is_dropout(spec: &VariantSpec, name: &str) -> bool {
+    matches!(spec.dropout, Some(Dropout::Param(i)) if spec.params[i].name == name)
+}
+
 pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
     let vals = spec
         .params
@@ -32,6 +38,8 @@ pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamVa
             }
             ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(if p.name == "cap" {
                 30.0
+            } else if is_dropout(spec, &p.name) {
+                0.1 + 0.4 * rng.uniform() // a dropout probability
             } else {
                 0.5 + rng.uniform()
             }),
@@ -96,28 +104,46 @@ pub fn upload_params(rt: &Runtime, pv: &ParamValues) -> Result<DeviceParams, Fla
     Ok(d)
 }
 
-pub fn param_args<'a>(rt: &Runtime, pv: &ParamValues, d: &'a DeviceParams) -> Vec<ParamArg<'a>> {
+/// The dropout generator state every check and timing uses (odd, with both words non-zero, so
+/// a kernel that ignored a half of the seed or the offset would fail the mask comparison).
+pub const CHECK_RNG: DropoutRng = DropoutRng {
+    seed: 0x5eed_1234_0bad_cafe,
+    offset: 0x0000_0003_0000_0011,
+};
+
+/// The launch params of `pv`, and the generator state ([`CHECK_RNG`]) when `spec` has dropout.
+pub fn param_args<'a>(
+    rt: &Runtime,
+    spec: &VariantSpec,
+    pv: &ParamValues,
+    d: &'a DeviceParams,
+) -> Vec<ParamArg<'a>> {
     let (mut i, mut f) = (0, 0);
-    pv.0.iter()
-        .map(|v| match v {
-            ParamValue::Int(x) => ParamArg::I32(*x as i32),
-            ParamValue::Float(x) => ParamArg::F32(*x as f32),
-            ParamValue::IntTensor(x) => {
-                let mut a = ParamArg::tensor_i32(&d.i32s[i], rt.stream());
-                if let ParamArg::Tensor { len, .. } = &mut a {
-                    *len = x.len();
+    let mut args: Vec<ParamArg<'a>> =
+        pv.0.iter()
+            .map(|v| match v {
+                ParamValue::Int(x) => ParamArg::I32(*x as i32),
+                ParamValue::Float(x) => ParamArg::F32(*x as f32),
+                ParamValue::IntTensor(x) => {
+                    let mut a = ParamArg::tensor_i32(&d.i32s[i], rt.stream());
+                    if let ParamArg::Tensor { len, .. } = &mut a {
+                        *len = x.len();
+                    }
+                    i += 1;
+                    a
                 }
-                i += 1;
-                a
-            }
-            ParamValue::FloatTensor(x) => {
-                let mut a = ParamArg::tensor_f32(&d.f32s[f], rt.stream());
-                if let ParamArg::Tensor { len, .. } = &mut a {
-                    *len = x.len();
+                ParamValue::FloatTensor(x) => {
+                    let mut a = ParamArg::tensor_f32(&d.f32s[f], rt.stream());
+                    if let ParamArg::Tensor { len, .. } = &mut a {
+                        *len = x.len();
+                    }
+                    f += 1;
+                    a
                 }
-                f += 1;
-                a
-            }
-        })
-        .collect()
+            })
+            .collect();
+    if spec.dropout.is_some() {
+        args.push(ParamArg::Rng(CHECK_RNG));
+    }
+    args
 }

@@ -1,7 +1,7 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--json OUT.json]
 //! ```
 //!
 //! **Backward** (`--backward`): every declaration at head dims 64, 96, 128 in bf16 and f16 over
@@ -10,6 +10,12 @@
 //! the device runs (the wgmma kernel on sm_90a, the sm80 kernel); then the deterministic mode.
 //! `--backward-only` skips the forward's check and timings; `--no-check` and `--no-time` apply
 //! to both passes.
+//!
+//! **Dropout** (`--dropout`, or `--dropout-only` for nothing else): the masks the forward and
+//! backward kernels apply, read back out of them and compared with the host generator bit for
+//! bit over every family and tile configuration; the kept fraction of 10⁷ GPU decisions; p = 0
+//! against the variant without dropout; repeated runs; then (with timing) peers.py's
+//! `--dropout` workloads in fwd, bwd and fwd_bwd. See `dropout.rs`.
 //!
 //! **Check.** Every declaration of every `DIR/*.flash` (default `examples/variants`), at head dims
 //! 64, 96 and 128 (bf16 and f16 for `Dense` and `Causal`, the declared dtype otherwise), over
@@ -30,6 +36,7 @@ mod backward;
 mod bwd_timing;
 mod cases;
 mod device;
+mod dropout;
 mod judge;
 mod timing;
 mod variants;
@@ -134,6 +141,7 @@ fn main() -> ExitCode {
     let mut dir = PathBuf::from("examples/variants");
     let (mut small, mut do_check, mut do_time, mut do_bwd) = (false, true, true, false);
     let mut do_fwd = true;
+    let mut do_drop = false;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -149,9 +157,15 @@ fn main() -> ExitCode {
                 do_bwd = true;
                 do_fwd = false;
             }
+            "--dropout" => do_drop = true,
+            "--dropout-only" => {
+                do_drop = true;
+                do_fwd = false;
+                do_bwd = false;
+            }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -266,8 +280,22 @@ fn main() -> ExitCode {
         );
         failed |= dfails > 0;
     }
+    if do_drop && do_check {
+        let (n, fails) = dropout::check_dropout(&rt);
+        println!(
+            "# dropout masks: {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
+    }
     if do_time {
         let mut rows = Vec::new();
+        if do_drop {
+            if let Err(e) = dropout::timing_dropout(&rt, &mut rows) {
+                println!("# dropout timing failed: {e}");
+                failed = true;
+            }
+        }
         if do_fwd {
             if let Err(e) = timing(&rt, &specs, &mut rows) {
                 println!("# timing failed: {e}");

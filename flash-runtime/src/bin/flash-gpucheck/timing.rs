@@ -109,7 +109,7 @@ fn time_one(
     let shape = [b, n, h, d];
     let st = rt.stream();
     let dp = upload_params(rt, pv)?;
-    let args = param_args(rt, pv, &dp);
+    let args = param_args(rt, spec, pv, &dp);
     let (q, k, v) = (
         TensorRef::new(&bufs.q, shape, st),
         TensorRef::new(&bufs.k, shape, st),
