@@ -40,8 +40,10 @@ __device__ __forceinline__ uint4 philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, 
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
     }
-    const u32 lo0 = 0xD2511F53u * c0, hi0 = __umulhi(0xD2511F53u, c0);
-    const u32 lo1 = 0xCD9E8D57u * c2, hi1 = __umulhi(0xCD9E8D57u, c2);
+    // One wide multiply each (IMAD.WIDE.U32) rather than separate low and high halves.
+    u32 lo0, hi0, lo1, hi1;
+    asm("{ .reg .u64 t; mul.wide.u32 t, %2, 0xD2511F53; mov.b64 {%0, %1}, t; }" : "=r"(lo0), "=r"(hi0) : "r"(c0));
+    asm("{ .reg .u64 t; mul.wide.u32 t, %2, 0xCD9E8D57; mov.b64 {%0, %1}, t; }" : "=r"(lo1), "=r"(hi1) : "r"(c2));
     const u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
     c0 = n0;
     c1 = lo1;

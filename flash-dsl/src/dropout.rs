@@ -7,18 +7,25 @@
 //!
 //! # How positions map to Philox calls
 //!
-//! One call gives 128 bits, eight 16-bit uniforms, so one call decides eight elements: the
+//! One call gives 128 bits, eight 16-bit halves, so one call decides eight elements: the
 //! eight a thread of a tensor-core accumulator holds for a 16 × 16 block of (query, key) —
 //! queries `a` and `a + 8`, keys `2c`, `2c + 1`, `2c + 8`, `2c + 9` (a in 0..8, c in 0..4, both
 //! relative to the block). With `q = 16·qb + 8·qh + a` and `k = 16·kb + 8·kh + 2c + kl`:
 //!
 //! - counter = (`4·kb + c`, `8·qb + a`, `b·heads_q + h`, low 32 bits of the offset),
 //! - key = (low 32 bits of the seed, high 32 bits of the seed ⊕ high 32 bits of the offset),
-//! - element (qh, kh, kl) takes the 16-bit half `kl` (low half first) of output word `2·qh + kh`.
+//! - element (qh, kh, kl) takes the 16-bit half `kl` (low half first) of output word `2·qh + kh`,
+//!   and its uniform is the low 15 bits of that half.
 //!
-//! 16 bits per decision keep the kept fraction within 2⁻¹⁷ of 1 − p (8-bit decisions, as some
-//! kernels use, are off by up to 0.002 at p = 0.1). An element is kept when its uniform is at
-//! least the threshold `round(p · 65536)`, so p = 0 keeps everything.
+//! 15-bit uniforms keep the kept fraction within 2⁻¹⁶ of 1 − p (8-bit decisions, as some
+//! kernels use, are off by up to 0.002 at p = 0.1), and leave each half's top bit free: the
+//! kernels compare both halves of a word at once, in three instructions, with that bit as the
+//! guard that stops a borrow crossing halves. An element is kept when its uniform is at least the
+//! threshold `round(p · 32768)`, so p = 0 keeps everything.
+//!
+//! The seed and the offset's high words meet in the key by exclusive or, so two states whose
+//! seeds and offsets differ by the same value in their high 32 bits share a mask; frameworks
+//! advance the offset's low word, and the seed is theirs to choose.
 
 use serde::{Deserialize, Serialize};
 
@@ -57,15 +64,18 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The 16-bit threshold of probability `p` (an `f32`, as the kernels receive it): elements whose
-/// uniform is below it are dropped. `round(p·65536)` computed in `f32` exactly as the kernels do
-/// (`p·65536` is exact; `+ 0.5` then `floor`), capped at 65535.
+/// The number of 15-bit uniform values (`0..UNIFORMS`) a decision draws from.
+pub const UNIFORMS: u32 = 1 << 15;
+
+/// The threshold of probability `p` (an `f32`, as the kernels receive it): elements whose
+/// 15-bit uniform is below it are dropped. `round(p·32768)` computed in `f32` exactly as the
+/// kernels do (`p·32768` is exact; `+ 0.5` then `floor`), capped at 32767.
 pub fn threshold(p: f32) -> u32 {
-    let t = (p * 65536.0 + 0.5).floor();
+    let t = (p * UNIFORMS as f32 + 0.5).floor();
     if t <= 0.0 {
         0
     } else {
-        (t as u32).min(65535)
+        (t as u32).min(UNIFORMS - 1)
     }
 }
 
@@ -94,17 +104,17 @@ impl DropoutRng {
         philox4x32_10(ctr, self.key())
     }
 
-    /// The 16-bit uniform of element (`q`, `k`) of head `head = b·heads_q + h`.
-    pub fn uniform16(self, head: u64, q: u64, k: u64) -> u32 {
+    /// The 15-bit uniform of element (`q`, `k`) of head `head = b·heads_q + h`.
+    pub fn uniform(self, head: u64, q: u64, k: u64) -> u32 {
         let r = self.block(head, q, k);
         let word = r[(2 * ((q >> 3) & 1) + ((k >> 3) & 1)) as usize];
-        (word >> (16 * (k & 1))) & 0xffff
+        (word >> (16 * (k & 1))) & (UNIFORMS - 1)
     }
 
     /// Whether element (`q`, `k`) of head `head` survives dropout with threshold `thr`
     /// ([`threshold`]).
     pub fn keep(self, head: u64, q: u64, k: u64, thr: u32) -> bool {
-        self.uniform16(head, q, k) >= thr
+        self.uniform(head, q, k) >= thr
     }
 
     /// The keep mask of a whole launch, `[batch, heads_q, seq_q, seq_k]`, 1 = kept.
@@ -201,9 +211,9 @@ mod tests {
     #[test]
     fn thresholds() {
         assert_eq!(threshold(0.0), 0);
-        assert_eq!(threshold(0.5), 32768);
-        assert_eq!(threshold(0.1), 6554); // 6553.6 rounds up
-        assert_eq!(threshold(0.99999999), 65535);
+        assert_eq!(threshold(0.5), 16384);
+        assert_eq!(threshold(0.1), 3277); // 3276.8 rounds up
+        assert_eq!(threshold(0.99999999), 32767);
     }
 
     /// Every element of a 16 × 16 block reads a distinct (call, word, half), and the eight

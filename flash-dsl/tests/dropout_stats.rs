@@ -11,10 +11,11 @@
 //! The tests share one launch's uniforms (`[6 heads = 2 batches × 3 heads, 1023, 1637]`,
 //! ≈ 1.0·10⁷ elements; odd sizes so partial 16 × 16 blocks at the edges are covered) built
 //! with one Philox call per eight elements; `fast_path_matches_keep` pins that fast path to
-//! [`DropoutRng::keep`]/[`DropoutRng::uniform16`], so every statistic is about the real
-//! generator. Run with `--nocapture` to see the measured values.
+//! [`DropoutRng::keep`]/[`DropoutRng::uniform`], so every statistic is about the real
+//! generator (15-bit uniforms: the low 15 bits of each 16-bit half). Run with `--nocapture`
+//! to see the measured values.
 
-use flash_dsl::dropout::{threshold, DropoutRng};
+use flash_dsl::dropout::{threshold, DropoutRng, UNIFORMS};
 use std::sync::OnceLock;
 
 const BATCH: u64 = 2;
@@ -30,11 +31,11 @@ const RNG: DropoutRng = DropoutRng {
     offset: 0x0000_0007_0000_0041,
 };
 
-/// The 16-bit uniforms of a `[heads, seq_q, seq_k]` launch (row-major), computed with one
+/// The 15-bit uniforms of a `[heads, seq_q, seq_k]` launch (row-major), computed with one
 /// Philox call per eight elements: the call of (`q0 + a`, `k0 + 2c`) in the 16 × 16 block at
 /// (`q0`, `k0`) covers queries `q0 + a`, `q0 + 8 + a` and keys `k0 + 2c + {0, 1, 8, 9}`;
-/// element (qh, kh, kl) is half `kl` of word `2·qh + kh`. Elements outside the launch (edge
-/// blocks of odd sizes) are skipped.
+/// element (qh, kh, kl) takes the low 15 bits of half `kl` of word `2·qh + kh` (each half's top
+/// bit is unused). Elements outside the launch (edge blocks of odd sizes) are skipped.
 fn uniforms(rng: DropoutRng, heads: u64, seq_q: u64, seq_k: u64) -> Vec<u16> {
     let mut out = vec![0u16; (heads * seq_q * seq_k) as usize];
     for head in 0..heads {
@@ -60,7 +61,8 @@ fn uniforms(rng: DropoutRng, heads: u64, seq_q: u64, seq_k: u64) -> Vec<u16> {
                                 for kl in 0..2 {
                                     let k = k0 + 8 * kh + 2 * c + kl;
                                     if k < seq_k {
-                                        out[row + k as usize] = (word >> (16 * kl)) as u16;
+                                        out[row + k as usize] =
+                                            ((word >> (16 * kl)) & 0x7fff) as u16;
                                     }
                                 }
                             }
@@ -84,8 +86,9 @@ fn at(head: u64, q: u64, k: u64) -> usize {
 }
 
 /// The fast path the statistics use must be the generator itself: its uniforms equal
-/// `uniform16` and its decisions equal `keep` (and `mask`) element by element, over a region
-/// with partial blocks at both edges, several heads and batches, and several probabilities.
+/// `uniform` (15-bit) and its decisions equal `keep` (and `mask`) element by element, over a
+/// region with partial blocks at both edges, several heads and batches, and several
+/// probabilities.
 #[test]
 fn fast_path_matches_keep() {
     let (batch, heads_q, seq_q, seq_k) = (2usize, 2usize, 37usize, 53usize);
@@ -95,7 +98,8 @@ fn fast_path_matches_keep() {
         for q in 0..seq_q as u64 {
             for k in 0..seq_k as u64 {
                 let u = fast[((head * seq_q as u64 + q) * seq_k as u64 + k) as usize] as u32;
-                assert_eq!(u, RNG.uniform16(head, q, k), "head {head} q {q} k {k}");
+                assert!(u < UNIFORMS, "head {head} q {q} k {k}: {u} is not 15-bit");
+                assert_eq!(u, RNG.uniform(head, q, k), "head {head} q {q} k {k}");
             }
         }
     }
@@ -112,14 +116,14 @@ fn fast_path_matches_keep() {
     // The shared grid's corner agrees too (it is built by the same function, with other sizes).
     let g = grid();
     for (head, q, k) in [(0, 0, 0), (5, 1022, 1636), (3, 1015, 1629), (1, 8, 9)] {
-        assert_eq!(g[at(head, q, k)] as u32, RNG.uniform16(head, q, k));
+        assert_eq!(g[at(head, q, k)] as u32, RNG.uniform(head, q, k));
     }
 }
 
 /// Dropout's expectation is only right if the kept fraction is 1 − p: the kernels scale kept
 /// elements by 1/(1 − p), so a biased fraction biases every output. Over ≈ 10⁷ decisions the
 /// ideal fraction's standard deviation is at most 1.6·10⁻⁴, so the asserted 10⁻³ is > 6σ (and
-/// the 16-bit threshold's own rounding error, ≤ 2⁻¹⁷, is far inside it).
+/// the 15-bit threshold's own rounding error, ≤ 2⁻¹⁶, is far inside it).
 #[test]
 fn kept_fraction_is_one_minus_p() {
     let g = grid();
@@ -415,28 +419,36 @@ fn different_seeds_and_offsets_are_independent() {
     }
 }
 
-/// The decisions are only as good as the 16-bit uniforms: the kept fraction at any p is the
-/// uniforms' distribution function, so they must be uniform on 0..65536 at every scale.
-/// - Mean: the ideal σ of the mean of N uniforms is √((65536² − 1)/12 / N) (≈ 6.0 at N ≈ 10⁷);
-///   asserted within 5σ of 32767.5, overall and for each of the eight (word, half) slots of a
+/// The decisions are only as good as the 15-bit uniforms: the kept fraction at any p is the
+/// uniforms' distribution function, so they must be uniform on 0..32768 at every scale.
+/// - Mean: the ideal σ of the mean of N uniforms is √((32768² − 1)/12 / N) (≈ 3.0 at N ≈ 10⁷);
+///   asserted within 5σ of 16383.5, overall and for each of the eight (word, half) slots of a
 ///   Philox call (a slot-dependent bias would make some accumulator positions drop more).
-/// - Chi-square of the high byte and of the low byte over 256 buckets (255 degrees of freedom:
-///   mean 255, σ = √510 ≈ 22.6): asserted < 400, > 6σ.
-/// - Chi-square of the full 16-bit value over 65536 buckets (65535 dof, σ ≈ 362, ≈ 153 samples
-///   per bucket): asserted < 65535 + 6·√(2·65535).
+/// - Chi-square of the high byte (bits 8..15, 128 buckets: 127 degrees of freedom, mean 127,
+///   σ = √254 ≈ 15.9) asserted < 220, > 5.8σ; of the low byte (bits 0..8, 256 buckets: 255
+///   dof, σ = √510 ≈ 22.6) asserted < 400, > 6σ.
+/// - Chi-square of the full 15-bit value over 32768 buckets (32767 dof, σ ≈ 256, ≈ 306 samples
+///   per bucket): asserted < 32767 + 6·√(2·32767).
+/// - No value reaches 32768: the unused top bit of each half never leaks into a uniform.
 #[test]
 fn uniforms_are_uniform() {
     let g = grid();
     let n = g.len() as f64;
-    let sd_one = ((65536.0f64 * 65536.0 - 1.0) / 12.0).sqrt();
+    let buckets = UNIFORMS as f64;
+    let ideal_mean = (buckets - 1.0) / 2.0;
+    let sd_one = ((buckets * buckets - 1.0) / 12.0).sqrt();
+    assert!(
+        g.iter().all(|&u| (u as u32) < UNIFORMS),
+        "a uniform is not 15-bit"
+    );
 
     let mean = g.iter().map(|&u| u as f64).sum::<f64>() / n;
     let sigma = sd_one / n.sqrt();
     println!(
-        "uniform mean: {mean:.3} (ideal 32767.5 ± {sigma:.3}: {:+.2}σ, N = {n})",
-        (mean - 32767.5) / sigma
+        "uniform mean: {mean:.3} (ideal {ideal_mean} ± {sigma:.3}: {:+.2}σ, N = {n})",
+        (mean - ideal_mean) / sigma
     );
-    assert!((mean - 32767.5).abs() < 5.0 * sigma, "mean {mean}");
+    assert!((mean - ideal_mean).abs() < 5.0 * sigma, "mean {mean}");
 
     // Per slot of a Philox call: word 2·((q >> 3) & 1) + ((k >> 3) & 1), half k & 1.
     let mut slot_sum = [0f64; 8];
@@ -456,10 +468,10 @@ fn uniforms_are_uniform() {
             "uniform mean of word {} half {}: {m:.3} ({:+.2}σ, N = {})",
             slot / 2,
             slot % 2,
-            (m - 32767.5) / s,
+            (m - ideal_mean) / s,
             slot_n[slot]
         );
-        assert!((m - 32767.5).abs() < 5.0 * s, "slot {slot}: mean {m}");
+        assert!((m - ideal_mean).abs() < 5.0 * s, "slot {slot}: mean {m}");
     }
 
     let chi2 = |buckets: &[u64]| {
@@ -469,20 +481,20 @@ fn uniforms_are_uniform() {
             .map(|&o| (o as f64 - e).powi(2) / e)
             .sum::<f64>()
     };
-    let mut hi = [0u64; 256];
+    let mut hi = [0u64; 128];
     let mut lo = [0u64; 256];
-    let mut full = vec![0u64; 65536];
+    let mut full = vec![0u64; UNIFORMS as usize];
     for &u in g {
         hi[(u >> 8) as usize] += 1;
         lo[(u & 0xff) as usize] += 1;
         full[u as usize] += 1;
     }
     let (c_hi, c_lo, c_full) = (chi2(&hi), chi2(&lo), chi2(&full));
-    let full_bound = 65535.0 + 6.0 * (2.0f64 * 65535.0).sqrt();
-    println!("chi2 high byte: {c_hi:.1} (dof 255, bound 400)");
-    println!("chi2 low byte: {c_lo:.1} (dof 255, bound 400)");
-    println!("chi2 16-bit: {c_full:.1} (dof 65535, bound {full_bound:.0})");
-    assert!(c_hi < 400.0, "high byte chi2 {c_hi}");
+    let full_bound = 32767.0 + 6.0 * (2.0f64 * 32767.0).sqrt();
+    println!("chi2 high byte (bits 8..15): {c_hi:.1} (dof 127, bound 220)");
+    println!("chi2 low byte (bits 0..8): {c_lo:.1} (dof 255, bound 400)");
+    println!("chi2 15-bit: {c_full:.1} (dof 32767, bound {full_bound:.0})");
+    assert!(c_hi < 220.0, "high byte chi2 {c_hi}");
     assert!(c_lo < 400.0, "low byte chi2 {c_lo}");
-    assert!(c_full < full_bound, "16-bit chi2 {c_full}");
+    assert!(c_full < full_bound, "15-bit chi2 {c_full}");
 }
