@@ -389,3 +389,27 @@ fn run_backward_past_the_skeleton_fails_before_the_gpu() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no backward pass"), "{err}");
 }
+
+#[test]
+fn run_seed_flags_need_a_dropout_variant() {
+    let dir = run_inputs();
+    let d = dir.path();
+    let causal = examples().join("causal.flash");
+    for extra in [
+        &["--seed", "7"][..],
+        &["--offset", "3"],
+        &["--dropout-mask", "m.npy"],
+    ] {
+        let (code, err) = run_in(d, &causal, extra);
+        assert_eq!(code, Some(1), "{extra:?}: {err}");
+        assert!(
+            err.contains("apply to variants with dropout; `Causal` declares none"),
+            "{extra:?}: {err}"
+        );
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("o.npy").exists() && !d.join("m.npy").exists());
+}

@@ -340,3 +340,47 @@ fn const_eval_folds_what_it_can() {
         Some(Const::Float(3.0))
     );
 }
+
+#[test]
+fn dropout_takes_a_constant_or_a_scalar_f32_param() {
+    use crate::spec::{Dropout, F64Bits};
+    assert_eq!(
+        spec("dropout: 0.1").dropout,
+        Some(Dropout::Const(F64Bits::new(0.1)))
+    );
+    assert_eq!(
+        spec("dropout: 0").dropout,
+        Some(Dropout::Const(F64Bits::new(0.0)))
+    );
+    assert_eq!(
+        spec("dropout: 1.0 / 8.0").dropout,
+        Some(Dropout::Const(F64Bits::new(0.125)))
+    );
+    assert_eq!(
+        spec("params: { cap: f32, p: f32 }, score: softcap(s, cap), dropout: p").dropout,
+        Some(Dropout::Param(1))
+    );
+    assert_eq!(spec("mask: causal").dropout, None);
+}
+
+#[test]
+fn dropout_diagnostics_name_the_value_and_the_rule() {
+    let one = |body: &str| {
+        let e = errors(body);
+        assert_eq!(e.len(), 1, "{body}: {e:?}");
+        e[0].clone()
+    };
+    assert!(one("dropout: 1.0").contains("must lie in [0, 1); got 1"));
+    assert!(one("dropout: -0.5").contains("must lie in [0, 1); got -0.5"));
+    assert!(one("params: { p: i32 }, dropout: p")
+        .contains("`p` must be a scalar `f32` probability; it is declared `i32`"));
+    assert!(one("params: { p: [f32; heads] }, dropout: p").contains("not a tensor"));
+    assert!(one("dropout: q").contains("constant probability like `0.1`"));
+    assert!(one("dropout: rate").contains("unknown identifier `rate`"));
+    assert!(
+        one("dropout: true").contains("number"),
+        "{}",
+        one("dropout: true")
+    );
+    assert!(one("dropout: 0.1, dropout: 0.2").contains("duplicate key `dropout`"));
+}

@@ -37,6 +37,9 @@ pub fn pack_args(
         seq_q: ext.get(Extent::SeqQ),
         seq_k: ext.get(Extent::SeqK),
     };
+    // Every kernel of a launch receives the same list: a dropout state must match the spec even
+    // where the kernel reads no params.
+    split_dropout(spec, params)?;
     // Kernels that never read the params (backward pre-processing, dQ conversion) take none.
     let reads_params = plan
         .args

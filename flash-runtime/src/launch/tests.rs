@@ -288,3 +288,57 @@ fn params_are_checked() {
     ];
     assert!(err(&misaligned).contains("4-byte aligned"));
 }
+
+#[test]
+fn dropout_state_and_probability_are_checked_and_packed() {
+    let plan = plan_of("D { head_dim: 64, dtype: bf16, params: { p: f32 }, dropout: p }");
+    let ops = forward_args();
+    let ext = check::resolve_extents(&plan, &ops).unwrap();
+    let pack = |params: &[ParamArg<'_>]| pack::pack_args(&plan, &ops, &ext, params, &[]);
+    let rng = ParamArg::dropout(0x1122_3344_5566_7788, 0x99);
+    let p = pack(&[ParamArg::F32(0.25), rng]).unwrap();
+    let s = plan
+        .args
+        .slots
+        .iter()
+        .find(|s| s.field == ArgField::DropoutRng)
+        .expect("a dropout variant's forward carries the generator state");
+    let at = &p.bytes[s.offset as usize..(s.offset + s.size) as usize];
+    assert_eq!(at[..8], 0x1122_3344_5566_7788u64.to_le_bytes());
+    assert_eq!(at[8..], 0x99u64.to_le_bytes());
+    let err = |params: &[ParamArg<'_>]| match pack(params) {
+        Ok(_) => panic!("{params:?} packed"),
+        Err(e) => e.to_string(),
+    };
+    let e = err(&[ParamArg::F32(0.25)]);
+    assert!(
+        e.contains("declares dropout") && e.contains("ParamArg::dropout(seed, offset)"),
+        "{e}"
+    );
+    let e = err(&[rng, ParamArg::F32(0.25)]);
+    assert!(e.contains("not last"), "{e}");
+    for bad in [1.0f32, -0.1, f32::NAN] {
+        let e = err(&[ParamArg::F32(bad), rng]);
+        assert!(
+            e.contains("dropout probability `p`") && e.contains("[0, 1)"),
+            "{bad}: {e}"
+        );
+    }
+    let plain = plan_of("N { head_dim: 64, dtype: bf16 }");
+    assert!(!plain
+        .args
+        .slots
+        .iter()
+        .any(|s| s.field == ArgField::DropoutRng));
+    let e = pack::pack_args(
+        &plain,
+        &ops,
+        &check::resolve_extents(&plain, &ops).unwrap(),
+        &[rng],
+        &[],
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("declares no dropout"), "{e}");
+}
