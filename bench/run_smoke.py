@@ -56,9 +56,10 @@ for f, extra, m, sf in cases:
     print("ok  " if ok else "FAIL", f, "o", o.shape, f"err {eo:.2e} lse {el:.1e} masked_rows {(~fin).sum()}", r.stderr.strip().splitlines()[-1:])
 
 
-def ref_grad(mask_fn, score_fn, param):
+def ref_grad(mask_fn, score_fn, param, drop=None):
     """O and the gradients of sum(O * dO) with respect to Q, K, V and the parameter (or None),
-    by autograd in float64 on the bf16-rounded inputs (the CLI rounds Q, K, V and dO to bf16)."""
+    by autograd in float64 on the bf16-rounded inputs (the CLI rounds Q, K, V and dO to bf16).
+    `drop` = (keep mask [B, HQ, SQ, SK], p): dropout on the normalised probabilities."""
     t = lambda a: torch.tensor(a).bfloat16().double()
     qd, kd, vd = (t(x).requires_grad_() for x in (q, k, v))
     p = None if param is None else torch.tensor(param, dtype=torch.float64).requires_grad_()
@@ -70,7 +71,10 @@ def ref_grad(mask_fn, score_fn, param):
         s = score_fn(s, p)
     i = torch.arange(SQ)[:, None]; j = torch.arange(SK)[None, :]
     s = s.masked_fill(~mask_fn(i, j), float("-inf"))
-    o = (torch.softmax(s, -1).nan_to_num(0.0) @ V).transpose(1, 2)
+    pr = torch.softmax(s, -1).nan_to_num(0.0)
+    if drop is not None:
+        pr = pr * torch.tensor(drop[0]).double() / (1 - drop[1])
+    o = (pr @ V).transpose(1, 2)
     o.backward(t(do))
     g = lambda x: x.grad.numpy()
     return o.detach().numpy(), g(qd), g(kd), g(vd), None if p is None else g(p).reshape(-1)
@@ -111,6 +115,38 @@ for f, extra, m, sf, pv, pname in grad_cases:
         parts.append(f"{name} err {err:.2e} (max|ref| {scale:.1e}){'' if good else ' !'}")
     bad += not ok
     print("ok  " if ok else "FAIL", "bwd", f, "; ".join(parts), r.stderr.strip().splitlines()[-1:])
-total = len(cases) + len(grad_cases)
+# Dropout through the CLI: --seed/--offset, the mask written by --dropout-mask, O and the
+# gradients against autograd with that mask; then the mask's kept fraction, and a second seed.
+P_DROP = 0.2
+drop_cmd = [flash, "run", "examples/variants/dropout.flash", "--q", f"{tmp}/q.npy", "--k", f"{tmp}/k.npy",
+            "--v", f"{tmp}/v.npy", "--param", f"p={P_DROP}", "--seed", "1234", "--offset", "5",
+            "--dropout-mask", f"{tmp}/m.npy", "--out", f"{tmp}/d_o.npy", "--out-dtype", "f32", "--do", f"{tmp}/do.npy",
+            "--dq", f"{tmp}/d_dq.npy", "--dk", f"{tmp}/d_dk.npy", "--dv", f"{tmp}/d_dv.npy"]
+r = subprocess.run(drop_cmd, capture_output=True, text=True)
+extra_cases = 1
+if r.returncode != 0:
+    print("FAIL dropout", r.stderr.strip()[-800:]); bad += 1
+else:
+    mask = np.load(f"{tmp}/m.npy")
+    want = dict(zip(("o", "dq", "dk", "dv"), ref_grad(causal, None, None, (mask, P_DROP))[:4]))
+    ok, parts = mask.shape == (B, HQ, SQ, SK) and mask.dtype == np.uint8, []
+    for n, path in (("o", "d_o"), ("dq", "d_dq"), ("dk", "d_dk"), ("dv", "d_dv")):
+        got = np.load(f"{tmp}/{path}.npy").astype(np.float64)
+        scale = max(1.0, float(np.abs(want[n]).max()))
+        err = float(np.abs(got - want[n]).max())
+        good = not np.isnan(got).any() and err <= 2e-2 * scale
+        ok &= good
+        parts.append(f"{n} err {err:.2e}{'' if good else ' !'}")
+    kept = float(mask.mean())
+    ok &= abs(kept - (1 - P_DROP)) < 0.02
+    # Another seed must give another mask (same call otherwise).
+    swap = {"1234": "1235", f"{tmp}/m.npy": f"{tmp}/m2.npy"}
+    r2 = subprocess.run([swap.get(a, a) for a in drop_cmd[:-8]], capture_output=True, text=True)
+    differ = r2.returncode == 0 and (np.load(f"{tmp}/m2.npy") != mask).mean()
+    ok &= bool(differ) and abs(differ - 2 * P_DROP * (1 - P_DROP)) < 0.02
+    bad += not ok
+    print("ok  " if ok else "FAIL", "dropout p=0.2 seed 1234", "; ".join(parts), f"kept {kept:.4f}, seed 1235 differs on {float(differ):.4f}",
+          r.stderr.strip().splitlines()[-1:])
+total = len(cases) + len(grad_cases) + extra_cases
 print(f"# flash run smoke: {total - bad} passed, {bad} failed")
 sys.exit(1 if bad else 0)

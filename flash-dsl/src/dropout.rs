@@ -132,6 +132,11 @@ impl DropoutRng {
     }
 }
 
+/// Whether param `i` of `spec` is its dropout probability.
+pub fn is_probability(spec: &VariantSpec, i: usize) -> bool {
+    spec.dropout == Some(Dropout::Param(i))
+}
+
 /// The probability of `spec`'s dropout for these parameter values (`None` without dropout), as
 /// the `f32` the kernels receive.
 pub fn probability(spec: &VariantSpec, params: &ParamValues) -> Option<f32> {

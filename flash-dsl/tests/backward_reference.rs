@@ -65,7 +65,9 @@ fn problem(
     let vals = spec
         .params
         .iter()
-        .map(|p| match &p.kind {
+        .enumerate()
+        .map(|(i, p)| match &p.kind {
+            _ if flash_dsl::dropout::is_probability(spec, i) => ParamValue::Float(0.3),
             ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(0.5 + 1.5 * rng.uniform()),
             ParamKind::Scalar(ScalarTy::I32) => ParamValue::Int(2),
             ParamKind::Tensor { elem, dims } => {
@@ -176,6 +178,9 @@ fn check_against_fd(spec: &VariantSpec, p: &Problem, dout: &[f64], g: &Gradients
                 }
             }
             (ParamKind::Scalar(ScalarTy::I32) | ParamKind::Tensor { .. }, None) => {}
+            // The dropout probability: not differentiable (the mask steps with it).
+            (ParamKind::Scalar(ScalarTy::F32), None)
+                if flash_dsl::dropout::is_probability(spec, param) => {}
             (kind, grad) => panic!(
                 "{what}: param {} of {kind:?} has gradient {grad:?}",
                 decl.name

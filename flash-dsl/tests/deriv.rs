@@ -52,7 +52,9 @@ fn values(spec: &VariantSpec, rng: &mut SplitMix) -> ParamValues {
     ParamValues(
         spec.params
             .iter()
-            .map(|p| match &p.kind {
+            .enumerate()
+            .map(|(i, p)| match &p.kind {
+                _ if flash_dsl::dropout::is_probability(spec, i) => ParamValue::Float(0.25),
                 ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(0.5 + 1.5 * rng.uniform()),
                 ParamKind::Scalar(ScalarTy::I32) => ParamValue::Int(3),
                 ParamKind::Tensor { elem, dims } => {

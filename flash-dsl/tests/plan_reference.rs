@@ -34,7 +34,7 @@ fn configs() -> Vec<Option<TileConfig>> {
     vec![
         None,
         Some(cfg(64, 32, 4, 1)),
-        Some(cfg(128, 128, 8, 3)),
+        Some(cfg(128, 128, 8, 2)),
         Some(cfg(256, 64, 8, 1)),
     ]
 }
@@ -64,7 +64,9 @@ fn params_for(spec: &VariantSpec, sizes: Sizes, int_scalar: i64, seed: u64) -> P
     ParamValues::new(
         spec.params
             .iter()
-            .map(|p| match &p.kind {
+            .enumerate()
+            .map(|(i, p)| match &p.kind {
+                _ if flash_dsl::dropout::is_probability(spec, i) => ParamValue::Float(0.25),
                 ParamKind::Scalar(ScalarTy::I32) => ParamValue::Int(int_scalar),
                 ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(30.0),
                 ParamKind::Tensor { elem, dims } => {

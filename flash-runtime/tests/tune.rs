@@ -52,7 +52,7 @@ impl Compiler for FakeCompiler {
     }
 }
 
-/// Deterministic time: 128x128x8x2 fastest, then 128x64x4x3; `wrong` fails the check.
+/// Deterministic time: the fastest valid candidate is 128x128x4x1; `wrong` fails the check.
 struct FakeTimer {
     timed: Vec<TileConfig>,
     checked: Vec<TileConfig>,
@@ -127,8 +127,8 @@ fn search_prunes_before_timing_and_picks_the_fastest_correct() {
     assert!(
         matches!(&by(cfg(256, 64, 4, 1, KernelFamily::Sm80)).status, Status::Pruned(w) if w.contains("16 or 32 query rows"))
     );
-    // Shared memory over the (fake) opt-in limit: 128x128x?x3 at d=128 is 2*(128*128+3*128*256).
-    let big = by(cfg(128, 128, 4, 3, KernelFamily::Sm80));
+    // Shared memory over the (fake) opt-in limit: 128x128x?x2 at d=128 is 2*(128*128+2*128*256).
+    let big = by(cfg(128, 128, 4, 2, KernelFamily::Sm80));
     assert!(
         matches!(&big.status, Status::Pruned(w) if w.contains("shared memory") && w.contains("102400")),
         "{:?}",

@@ -46,6 +46,9 @@ flash_macros::attention! {
         mask: window(w) && doc[q] == doc[k] && window(4096),
         score: softcap(s + alibi(slopes[h]), cap),
     }
+    /// Dropout with a runtime probability, and with a constant one.
+    pub Dropped { head_dim: 64, dtype: bf16, params: { p: f32 }, mask: causal, dropout: p }
+    pub DroppedConst { head_dim: 64, dtype: bf16, dropout: 0.1 }
     /// Everything else: functions, unary operators, `if`, `/`, `%`, comparisons.
     Kitchen {
         head_dim: 32,
@@ -76,6 +79,9 @@ fn args<'a>(
     v.extend(GemmaLocal::param_args(&q, stream));
     v.extend(Causal::param_args(&CausalParams::new(), stream));
     v.extend(Kitchen::param_args(&KitchenParams::new(1.0, 3), stream));
+    // Dropout: the generator state follows the declared params.
+    v.extend(Dropped::param_args(&DroppedParams::new(0.1, 42, 7), stream));
+    v.extend(DroppedConst::param_args(&DroppedConstParams::new(42, 8), stream));
     v
 }
 
@@ -93,4 +99,8 @@ fn main() {
     assert!(GemmaLocal::SOURCE.contains("softcap"));
     let p = PrefixLmParams::new(7);
     assert_eq!(p.prefix, 7);
+    let d = DroppedParams::new(0.1, 42, 7);
+    assert_eq!((d.p, d.dropout_seed, d.dropout_offset), (0.1, 42, 7));
+    let spec = flash_dsl::parse::parse_str(Dropped::SOURCE).unwrap().remove(0);
+    assert_eq!(spec.dropout, Some(flash_dsl::spec::Dropout::Param(0)));
 }

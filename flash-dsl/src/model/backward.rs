@@ -38,7 +38,8 @@ pub struct Gradients {
     pub dv: Vec<f64>,
     /// One entry per declared parameter: `Some(ParamValue::Float)` for an `f32` scalar,
     /// `Some(ParamValue::FloatTensor)` (as long as the given values) for an `f32` tensor, `None`
-    /// for an `i32` parameter, which has no gradient.
+    /// for an `i32` parameter, which has no gradient, and for the dropout probability (the mask
+    /// is a step function of it).
     pub dparams: Vec<Option<ParamValue>>,
 }
 
@@ -48,7 +49,9 @@ impl Gradients {
             .params
             .iter()
             .zip(&p.params.0)
-            .map(|(decl, value)| match (&decl.kind, value) {
+            .enumerate()
+            .map(|(i, (decl, value))| match (&decl.kind, value) {
+                _ if crate::dropout::is_probability(spec, i) => None,
                 (ParamKind::Scalar(ScalarTy::F32), _) => Some(ParamValue::Float(0.0)),
                 (
                     ParamKind::Tensor {

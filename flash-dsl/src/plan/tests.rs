@@ -181,14 +181,14 @@ fn invalid_configs_name_the_value() {
     assert_eq!(err(cfg(128, 64, 4, 3)), PlanError::Stages(3));
     assert_eq!(
         err(cfg(128, 64, 4, 4)).to_string(),
-        "stages must be 1, 2 or 3; got 4"
+        "the sm80 forward kernel takes stages 1 (K and V share one buffer pair) or 2 (double-buffered); got 4"
     );
     let mut big = s.clone();
     (big.head_dim_qk, big.head_dim_v) = (256, 256);
-    let e = plan(&big, Some(cfg(128, 128, 4, 3))).unwrap_err();
+    let e = plan(&big, Some(cfg(128, 128, 4, 2))).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "the tiles need 458752 bytes of shared memory; the limit is 232448"
+        "the tiles need 327680 bytes of shared memory; the limit is 232448"
     );
     for d in [0, 12, 264] {
         let mut bad = s.clone();
@@ -224,13 +224,13 @@ fn smem_threads_name_and_layout() {
     ];
     let mut s = spec(params, None);
     s.head_dim_qk = 40;
-    let p = plan(&s, Some(cfg(128, 32, 8, 3))).unwrap();
+    let p = plan(&s, Some(cfg(128, 32, 8, 2))).unwrap();
     // pad64(40) = 64, pad64(64) = 64.
-    assert_eq!(p.smem_bytes(), 2 * (128 * 64 + 3 * 32 * 128));
+    assert_eq!(p.smem_bytes(), 2 * (128 * 64 + 2 * 32 * 128));
     assert_eq!(p.threads(), 256);
     assert_eq!(
         p.kernel_name,
-        "flash_fwd_gemma_local2_bf16_d40x64_m128n32w8s3"
+        "flash_fwd_gemma_local2_bf16_d40x64_m128n32w8s2"
     );
     // Q, K, V, O: pointer + 3 strides (32 bytes each), the LSE pointer, 5 sizes, 2 scales
     // = 164 bytes; then the params by the C rules.

@@ -198,6 +198,16 @@ pub fn relative_bias() -> VariantSpec {
     }
 }
 
+pub fn dropout() -> VariantSpec {
+    // causal, dropout: p
+    VariantSpec {
+        params: vec![scalar("p", ScalarTy::F32)],
+        mask: Some(causal()),
+        dropout: Some(flash_dsl::spec::Dropout::Param(0)),
+        ..base("Dropout", 128, DType::Bf16)
+    }
+}
+
 /// Every example variant with the file stem it comes from.
 pub fn all() -> Vec<(&'static str, VariantSpec)> {
     vec![
@@ -205,6 +215,7 @@ pub fn all() -> Vec<(&'static str, VariantSpec)> {
         ("causal", causal_spec()),
         ("dense", dense()),
         ("document", document()),
+        ("dropout", dropout()),
         ("prefix_lm", prefix_lm()),
         ("relative_bias", relative_bias()),
         ("sliding_window", sliding_window()),

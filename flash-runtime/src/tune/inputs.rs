@@ -21,9 +21,13 @@ pub fn default_params(
     let vals = spec
         .params
         .iter()
-        .map(|decl| {
+        .enumerate()
+        .map(|(i, decl)| {
             if let Some((_, v)) = given.iter().find(|(n, _)| *n == decl.name) {
                 return v.clone();
+            }
+            if flash_dsl::dropout::is_probability(spec, i) {
+                return ParamValue::Float(0.1); // a training-time dropout probability
             }
             match &decl.kind {
                 ParamKind::Scalar(ScalarTy::I32) => ParamValue::Int((sizes.seq_k / 4) as i64),
