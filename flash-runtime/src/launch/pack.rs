@@ -37,9 +37,12 @@ pub fn pack_args(
         seq_q: ext.get(Extent::SeqQ),
         seq_k: ext.get(Extent::SeqK),
     };
-    // Every kernel of a launch receives the same list: a dropout state must match the spec even
-    // where the kernel reads no params.
-    split_dropout(spec, params)?;
+    // A params list, where one is given, must carry a dropout state exactly when the spec has
+    // dropout, even for a kernel that reads no params (the backward's pre-processing is given
+    // none at all).
+    if !params.is_empty() {
+        split_dropout(spec, params)?;
+    }
     // Kernels that never read the params (backward pre-processing, dQ conversion) take none.
     let reads_params = plan
         .args
