@@ -498,7 +498,8 @@ pub fn timing_dropout(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashEr
             };
             results.push(("dropout0_eval", "fwd", median(eval), fl));
             results.push(("no_dropout", "fwd", median(plain), fl));
-            for (label, p) in [("dropout0.1", 0.1f32)] {
+            {
+                let (label, p) = ("dropout0.1", 0.1f32);
                 let pa = args(spec, p, CHECK_RNG);
                 let fwd_ms = {
                     let mut om = TensorMut::new(o, shape, st);
