@@ -207,6 +207,39 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     });
 
     let dropout = dropout_ast.and_then(|dv| check_dropout(dv, &params, &mut errs));
+    if let (Some(Dropout::Param(i)), Some(dv)) = (dropout, dropout_ast) {
+        // The probability steps the mask, so it has no gradient; a score or mask reading it
+        // would ask for one.
+        let reads = |e: &Option<Expr>| {
+            let mut found = false;
+            if let Some(e) = e {
+                e.visit(&mut |x| found |= matches!(x, Expr::Scalar(j) if *j == i));
+            }
+            found
+        };
+        if reads(&mask) || reads(&score) {
+            errs.push(Report::spanned(
+                &dv.tokens,
+                format!(
+                    "the dropout probability `{}` cannot also be read by `mask` or `score`; declare a separate parameter for them",
+                    params[i].name
+                ),
+            ));
+        }
+    }
+    if dropout.is_some() {
+        for p in params_ast.unwrap_or(&[]) {
+            if p.name == "dropout_seed" || p.name == "dropout_offset" {
+                errs.push(Report::at(
+                    p.name.span(),
+                    format!(
+                        "`{}` is reserved with dropout: the generated params struct holds the generator's seed and offset under that name",
+                        p.name
+                    ),
+                ));
+            }
+        }
+    }
 
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);
@@ -279,6 +312,17 @@ fn check_dropout(
         errs.push(Report::spanned(
             &dv.tokens,
             format!("dropout probability must lie in [0, 1); got {v}"),
+        ));
+        return None;
+    }
+    // The kernels receive it as an f32.
+    if v as f32 >= 1.0 {
+        errs.push(Report::spanned(
+            &dv.tokens,
+            format!(
+                "dropout probability must lie in [0, 1) as an f32; {v} rounds to {}",
+                v as f32
+            ),
         ));
         return None;
     }

@@ -383,4 +383,11 @@ fn dropout_diagnostics_name_the_value_and_the_rule() {
         one("dropout: true")
     );
     assert!(one("dropout: 0.1, dropout: 0.2").contains("duplicate key `dropout`"));
+    assert!(one("dropout: 0.99999999").contains("as an f32; 0.99999999 rounds to 1"));
+    assert!(one("params: { p: f32 }, score: s * p, dropout: p")
+        .contains("`p` cannot also be read by `mask` or `score`"));
+    assert!(one("params: { p: f32, dropout_seed: i32 }, dropout: p")
+        .contains("`dropout_seed` is reserved with dropout"));
+    // Without dropout the name is free.
+    assert_eq!(spec("params: { dropout_seed: i32 }").dropout, None);
 }

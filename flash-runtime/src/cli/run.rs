@@ -421,7 +421,6 @@ fn read_backward(
     Ok(Some(BackwardRequest { d_o, dparams }))
 }
 
-/// The declared param names, for error messages.
 /// Index of the dropout probability among the launch params (`usize::MAX` for a constant one).
 fn dropout_param_index(spec: &VariantSpec) -> usize {
     match spec.dropout {
@@ -430,6 +429,7 @@ fn dropout_param_index(spec: &VariantSpec) -> usize {
     }
 }
 
+/// The declared param names, for error messages.
 fn declared(spec: &VariantSpec) -> String {
     if spec.params.is_empty() {
         return "no params".to_string();

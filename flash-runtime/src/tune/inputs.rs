@@ -10,7 +10,7 @@ use crate::launch::ProblemShape;
 /// Plausible values for every param the user did not give: document ids sorted in `[0, 8)` for
 /// an i32 `[seq]` tensor, ALiBi slopes `2^(-8(h+1)/H)` for an f32 `[heads]` tensor, random
 /// normals for other f32 tensors, random ints in `[0, 8)` for other i32 tensors, `seq_k / 4`
-/// for an i32 scalar and 30 for an f32 scalar.
+/// for an i32 scalar, 30 for an f32 scalar, and 0.1 for the dropout probability.
 pub fn default_params(
     spec: &VariantSpec,
     sizes: Sizes,
