@@ -120,14 +120,21 @@ impl DropoutRng {
         self.uniform(head, q, k) >= thr
     }
 
-    /// The keep mask of a whole launch, `[batch, heads_q, seq_q, seq_k]`, 1 = kept.
+    /// The keep mask of a whole launch, `[batch, heads_q, seq_q, seq_k]`, 1 = kept (one call per
+    /// key pair, which shares it, rather than one per element).
     pub fn mask(self, p: f32, batch: usize, heads_q: usize, seq_q: usize, seq_k: usize) -> Vec<u8> {
         let thr = threshold(p);
         let mut out = Vec::with_capacity(batch * heads_q * seq_q * seq_k);
         for head in 0..(batch * heads_q) as u64 {
             for q in 0..seq_q as u64 {
+                let word_q = 2 * ((q >> 3) & 1);
+                let mut r = [0u32; 4];
                 for k in 0..seq_k as u64 {
-                    out.push(self.keep(head, q, k, thr) as u8);
+                    if k & 1 == 0 {
+                        r = self.block(head, q, k); // the call of keys k and k + 1
+                    }
+                    let word = r[(word_q + ((k >> 3) & 1)) as usize];
+                    out.push((((word >> (16 * (k & 1))) & (UNIFORMS - 1)) >= thr) as u8);
                 }
             }
         }

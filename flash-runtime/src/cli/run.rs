@@ -214,10 +214,13 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         .map_err(drv("copying the LSE back"))?;
     write_outputs(a, spec.dtype, o_shape, &o_host[..n_o], &lse_host[..n_lse])?;
     if let (Some(path), Some(r)) = (&a.dropout_mask, rng) {
-        let p = match (spec.dropout, args.get(dropout_param_index(&spec))) {
-            (Some(Dropout::Const(v)), _) => v.get() as f32,
-            (_, Some(ParamArg::F32(p))) => *p,
-            _ => unreachable!("the launch checked the dropout probability"),
+        let p = match spec.dropout {
+            Some(Dropout::Const(v)) => v.get() as f32,
+            Some(Dropout::Param(i)) => match args[i] {
+                ParamArg::F32(p) => p,
+                _ => unreachable!("the launch checked the dropout probability"),
+            },
+            None => unreachable!("`rng` is set only for a variant with dropout"),
         };
         let [batch, seq_q, heads_q, _] = o_shape;
         let mask = r.mask(p, batch, heads_q, seq_q, sizes.seq_k);
@@ -419,14 +422,6 @@ fn read_backward(
         )));
     }
     Ok(Some(BackwardRequest { d_o, dparams }))
-}
-
-/// Index of the dropout probability among the launch params (`usize::MAX` for a constant one).
-fn dropout_param_index(spec: &VariantSpec) -> usize {
-    match spec.dropout {
-        Some(Dropout::Param(i)) => i,
-        _ => usize::MAX,
-    }
 }
 
 /// The declared param names, for error messages.

@@ -40,9 +40,11 @@ pub fn pack_args(
     // A params list, where one is given, must carry a dropout state exactly when the spec has
     // dropout, even for a kernel that reads no params (the backward's pre-processing is given
     // none at all).
-    if !params.is_empty() {
-        split_dropout(spec, params)?;
-    }
+    let dropout = if params.is_empty() {
+        None
+    } else {
+        Some(split_dropout(spec, params)?)
+    };
     // Kernels that never read the params (backward pre-processing, dQ conversion) take none.
     let reads_params = plan
         .args
@@ -78,7 +80,11 @@ pub fn pack_args(
                 ParamArg::Rng(_) => unreachable!("check_params matched the declared kinds"),
             },
             ArgField::DropoutRng => {
-                let (declared, rng) = split_dropout(spec, params)?;
+                // A dropout kernel given no params at all gets `split_dropout`'s message.
+                let (declared, rng) = match dropout {
+                    Some(d) => d,
+                    None => split_dropout(spec, params)?,
+                };
                 check_probability(spec, declared)?;
                 let rng = rng.expect("a plan with a dropout field belongs to a dropout variant");
                 out[..8].copy_from_slice(&rng.seed.to_le_bytes());

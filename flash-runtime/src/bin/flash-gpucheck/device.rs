@@ -3,7 +3,7 @@
 use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, ParamValue, ParamValues, Sizes};
 use flash_dsl::rng::SplitMix as Rng;
-use flash_dsl::spec::{Dim, Dropout, ParamKind, ScalarTy};
+use flash_dsl::spec::{Dim, ParamKind, ScalarTy};
 use flash_dsl::{DType, VariantSpec};
 use flash_runtime::cudarc::driver::CudaSlice;
 use flash_runtime::{FlashError, ParamArg, Runtime};
@@ -23,22 +23,18 @@ pub fn draw(rng: &mut Rng, n: usize, dt: DType) -> (Vec<u16>, Vec<f64>) {
 }
 
 /// Random values for every param of `spec` at `sizes`.
-/// Whether param `name` is `spec`'s dropout probability.
-pub fn is_dropout(spec: &VariantSpec, name: &str) -> bool {
-    matches!(spec.dropout, Some(Dropout::Param(i)) if spec.params[i].name == name)
-}
-
 pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
     let vals = spec
         .params
         .iter()
-        .map(|p| match &p.kind {
+        .enumerate()
+        .map(|(i, p)| match &p.kind {
             ParamKind::Scalar(ScalarTy::I32) => {
                 ParamValue::Int(rng.below(sizes.seq_k.max(sizes.seq_q) as u64 + 1) as i64)
             }
             ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(if p.name == "cap" {
                 30.0
-            } else if is_dropout(spec, &p.name) {
+            } else if flash_dsl::dropout::is_probability(spec, i) {
                 0.1 + 0.4 * rng.uniform() // a dropout probability
             } else {
                 0.5 + rng.uniform()
