@@ -30,5 +30,5 @@ pub use cache::{CacheOutcome, KernelCache};
 pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resources};
 pub use cudarc;
 pub use error::FlashError;
-pub use launch::{LseMut, Runtime, TensorMut, TensorRef};
+pub use launch::{BlockMap, LseMut, ProblemShape, Runtime, TensorMut, TensorRef};
 pub use variant::{ParamArg, Variant};

@@ -78,3 +78,50 @@ fn every_example_variant_compiles_without_spills() {
         "default configurations spill: {spilled:?}"
     );
 }
+
+/// The block-map build kernels (forward map and the backward's transposed map) of every example
+/// whose mask reads tensors, at the tile sizes of each family's default forward and backward
+/// configurations, compiled for sm_80 (they run on any GPU from there).
+#[test]
+fn block_map_builders_compile() {
+    use flash_dsl::plan::{default_backward_config_for, plan_block_map, BlockMapPlan};
+    if !common::have_nvrtc("block_map_builders_compile") {
+        return;
+    }
+    let mut jobs = vec![];
+    for spec in examples() {
+        for family in [KernelFamily::Sm80, KernelFamily::Sm90, KernelFamily::Sm90Ws] {
+            let f = default_config_for(&spec, family);
+            jobs.extend(
+                BlockMapPlan::for_spec(&spec, f.block_m, f.block_n, false)
+                    .map(|m| (spec.clone(), m)),
+            );
+            if family != KernelFamily::Sm90Ws {
+                let b = default_backward_config_for(&spec, family);
+                jobs.extend(
+                    BlockMapPlan::for_spec(&spec, b.block_m, b.block_n, true)
+                        .map(|m| (spec.clone(), m)),
+                );
+            }
+        }
+    }
+    jobs.dedup();
+    assert!(
+        jobs.len() >= 4,
+        "the Document example needs maps: {}",
+        jobs.len()
+    );
+    let rows = common::par_map(&jobs, |(spec, m)| {
+        let p = plan_block_map(spec, *m).unwrap();
+        let k = compile(&emit(&p), &CompileOptions::new("sm_80"))
+            .unwrap_or_else(|e| panic!("{} {m:?}: {e}", spec.name));
+        (p.kernel_name, k.resources)
+    });
+    for (name, r) in rows {
+        println!(
+            "{name}: {} registers, {} spill bytes",
+            r.registers, r.spill_stores
+        );
+        assert!(!r.spills(), "{name} spills");
+    }
+}

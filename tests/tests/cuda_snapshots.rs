@@ -100,3 +100,37 @@ fn example_backward_kernels() {
         });
     }
 }
+
+/// The block-map build kernels of every example whose mask reads tensors: the forward's map at
+/// the sm90ws forward tiles, the backward's transposed map at the sm90 backward tiles.
+#[test]
+fn example_block_map_builders() {
+    use flash_dsl::plan::{default_backward_config_for, plan_block_map, BlockMapPlan};
+    let mut n = 0;
+    for (stem, spec) in examples() {
+        let f = default_config_for(&spec, KernelFamily::Sm90Ws);
+        let b = default_backward_config_for(&spec, KernelFamily::Sm90);
+        for (m, tag) in [
+            (
+                BlockMapPlan::for_spec(&spec, f.block_m, f.block_n, false),
+                "block_map",
+            ),
+            (
+                BlockMapPlan::for_spec(&spec, b.block_m, b.block_n, true),
+                "block_map_keys",
+            ),
+        ] {
+            let Some(m) = m else { continue };
+            n += 1;
+            let src = flash_dsl::emit(&plan_block_map(&spec, m).unwrap());
+            assert!(!src.source.contains("#include <"));
+            insta::with_settings!({
+                description => format!("emit of the {tag} build kernel of examples/variants/{stem}.flash"),
+                omit_expression => true,
+            }, {
+                insta::assert_snapshot!(format!("{stem}_{tag}"), src.source);
+            });
+        }
+    }
+    assert_eq!(n, 2, "the Document example's two maps");
+}

@@ -35,10 +35,15 @@ pub(super) fn param_field(p: &ParamDecl) -> String {
 /// (`b h q k s seq_q seq_k`, `args`).
 pub(super) struct ExprCx<'a> {
     pub(super) params: &'a [ParamDecl],
+    /// Subtrees written as a local's name instead (hoisted lookups, see [`mask_bits_body`]).
+    pub(super) subst: &'a [(Expr, String)],
 }
 
 impl ExprCx<'_> {
     pub(super) fn expr(&self, e: &Expr) -> String {
+        if let Some((_, name)) = self.subst.iter().find(|(x, _)| x == e) {
+            return name.clone();
+        }
         match e {
             Expr::Int(v) => format!("{v}"),
             Expr::Float(v) => float_lit(v.get()),
@@ -509,4 +514,107 @@ fn hull_node(
         }
     }
     id
+}
+
+/// The mask's tensor lookups that read the query position but not the key (first list) or the
+/// key but not the query (second): maximal subtrees, in first-seen order, without duplicates.
+pub(super) fn mask_lookups(mask: &Expr) -> (Vec<Expr>, Vec<Expr>) {
+    fn walk(e: &Expr, qs: &mut Vec<Expr>, ks: &mut Vec<Expr>) {
+        if let Expr::Index(..) = e {
+            let (q, k) = (e.uses_var(Var::Q), e.uses_var(Var::K));
+            let side = match (q, k, e.uses_var(Var::S)) {
+                (true, false, false) => Some(&mut *qs),
+                (false, true, false) => Some(&mut *ks),
+                _ => None,
+            };
+            if let Some(list) = side {
+                if !list.contains(e) {
+                    list.push(e.clone());
+                }
+                return;
+            }
+        }
+        match e {
+            Expr::Index(_, xs) | Expr::Call(_, xs) => xs.iter().for_each(|x| walk(x, qs, ks)),
+            Expr::ToFloat(a) | Expr::Unary(_, a) => walk(a, qs, ks),
+            Expr::Binary(_, a, b) => {
+                walk(a, qs, ks);
+                walk(b, qs, ks);
+            }
+            Expr::Select(c, a, b) => {
+                walk(c, qs, ks);
+                walk(a, qs, ks);
+                walk(b, qs, ks);
+            }
+            _ => {}
+        }
+    }
+    let (mut qs, mut ks) = (Vec::new(), Vec::new());
+    walk(mask, &mut qs, &mut ks);
+    (qs, ks)
+}
+
+/// Body of `mask_bits<NT, TRANS>` (see `hooks.cu.hbs`), or `None` when the mask has no lookup
+/// that reads only one position (then the per-element `mask_at` costs no more). A slab's rows
+/// are two positions `r0 + 8·r`, its columns `2·NT` positions `c0 + 8·nt + j`; rows are queries
+/// (TRANS: keys). A lookup of the rows' side is read once per row, one of the columns' side
+/// once per column, instead of once per element.
+pub(super) fn mask_bits_body(mask: &Expr, cx: &ExprCx) -> Option<String> {
+    let (qs, ks) = mask_lookups(mask);
+    if qs.is_empty() && ks.is_empty() {
+        return None;
+    }
+    let ty = |e: &Expr| match e.ty(cx.params) {
+        Ty::Int => "int",
+        _ => "float",
+    };
+    let mut out = String::new();
+    for trans in [false, true] {
+        // (row side, column side) lookups with their local names.
+        let (rows, cols, rname, cname, rpos, cpos) = if trans {
+            (&ks, &qs, "hk", "hq", "k", "q")
+        } else {
+            (&qs, &ks, "hq", "hk", "q", "k")
+        };
+        let mut subst: Vec<(Expr, String)> = Vec::new();
+        let _ = writeln!(
+            out,
+            "  if constexpr ({}TRANS) {{",
+            if trans { "" } else { "!" }
+        );
+        for (j, e) in rows.iter().enumerate() {
+            let _ = writeln!(out, "    {} {rname}{j}[2];", ty(e));
+        }
+        if !rows.is_empty() {
+            let _ = writeln!(out, "#pragma unroll\n    for (int r = 0; r < 2; ++r) {{\n      const int {rpos} = r0 + 8 * r;");
+            for (j, e) in rows.iter().enumerate() {
+                let _ = writeln!(out, "      {rname}{j}[r] = {};", cx.expr(e));
+                subst.push((e.clone(), format!("{rname}{j}[r]")));
+            }
+            let _ = writeln!(out, "    }}");
+        }
+        let _ = writeln!(
+            out,
+            "#pragma unroll\n    for (int nt = 0; nt < NT; ++nt)\n#pragma unroll\n      for (int j = 0; j < 2; ++j) {{\n        const int {cpos} = c0 + 8 * nt + j;"
+        );
+        for (j, e) in cols.iter().enumerate() {
+            let _ = writeln!(out, "        const {} {cname}{j} = {};", ty(e), cx.expr(e));
+            subst.push((e.clone(), format!("{cname}{j}")));
+        }
+        let hoisted = ExprCx {
+            params: cx.params,
+            subst: &subst,
+        };
+        let bounds = if trans {
+            "q < seq_q && k < seq_k"
+        } else {
+            "k < seq_k"
+        };
+        let _ = writeln!(
+            out,
+            "#pragma unroll\n        for (int r = 0; r < 2; ++r) {{\n          const int {rpos} = r0 + 8 * r;\n          const int e = nt * 4 + 2 * r + j;\n          if ({bounds} && {}) bits[e >> 5] |= 1u << (e & 31);\n        }}\n      }}\n  }}",
+            hoisted.expr(mask)
+        );
+    }
+    Some(out)
 }

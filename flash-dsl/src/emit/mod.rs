@@ -17,7 +17,9 @@ use serde::Serialize;
 use crate::deriv::score_gradient;
 use crate::plan::{ArgField, KernelFamily, KernelKind, KernelPlan, Layout, Role};
 use crate::spec::DType;
-use expr::{classify_body, grad_field_name, hull_body, param_field, query_hull_body, ExprCx};
+use expr::{
+    classify_body, grad_field_name, hull_body, mask_bits_body, param_field, query_hull_body, ExprCx,
+};
 
 /// The shared partials, by the name skeletons include them with (`{{> name}}`).
 pub const PARTIALS: [(&str, &str); 8] = [
@@ -78,6 +80,9 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
             include_str!("../../../templates/backward_pre/generic.cu.hbs")
         }
         (KernelKind::DqConvert, _) => include_str!("../../../templates/dq_convert/generic.cu.hbs"),
+        (KernelKind::BlockMap | KernelKind::BlockMapKeys, _) => {
+            include_str!("../../../templates/block_map/generic.cu.hbs")
+        }
     }
 }
 
@@ -142,6 +147,15 @@ struct Context {
     has_dropout: bool,
     /// The dropout probability as a C++ `float` expression over `args`.
     dropout_p: String,
+    /// Body of `mask_bits` (masks with lookups of one position; empty otherwise).
+    mask_bits_body: String,
+    /// The kernel walks (attention kernels) or writes (build kernels) a block map.
+    has_block_map: bool,
+    /// The map's rows are key tiles (the backward's map).
+    map_along_keys: bool,
+    /// The map has one slot per batch / per query head.
+    map_per_batch: bool,
+    map_per_head: bool,
     /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
     wgmma_defs: String,
 }
@@ -241,6 +255,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
     };
     let cx = ExprCx {
         params: &spec.params,
+        subst: &[],
     };
     let (classify_body, hull_body, mask_expr) = match &plan.mask {
         Some(m) => (
@@ -251,7 +266,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         None => (String::new(), String::new(), String::new()),
     };
     let qhull_body = match (&plan.mask, plan.kind) {
-        (Some(m), KernelKind::BackwardMain) => query_hull_body(&m.tree, &m.atoms, &cx),
+        (Some(m), KernelKind::BackwardMain | KernelKind::BlockMapKeys) => {
+            query_hull_body(&m.tree, &m.atoms, &cx)
+        }
         _ => String::new(),
     };
     let grads = grad_code(plan, &cx);
@@ -300,6 +317,15 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         early_p: plan.kind == KernelKind::BackwardMain && crate::plan::backward::early_p(spec),
         has_dropout,
         dropout_p,
+        mask_bits_body: plan
+            .mask
+            .as_ref()
+            .and_then(|m| mask_bits_body(&m.expr, &cx))
+            .unwrap_or_default(),
+        has_block_map: plan.block_map.is_some(),
+        map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
+        map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),
+        map_per_head: plan.block_map.is_some_and(|m| m.per_head),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

@@ -11,6 +11,7 @@
 //!    the score's `f32` parameters are added into one fp32 buffer per parameter.
 //! 3. [`KernelKind::DqConvert`]: the fp32 accumulator into dQ in the storage type.
 
+use super::block_map::{block_map_operand, BlockMapPlan};
 use super::mask::analyse_mask;
 use super::operand::{
     arg_layout_with, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
@@ -276,6 +277,7 @@ fn rows_plan(
         mask: None,
         kernel_name: det_name(kernel_name(kind, spec, &config), deterministic),
         deterministic,
+        block_map: None,
     })
 }
 
@@ -387,6 +389,11 @@ pub fn plan_backward_main_with(
     // Row sums for the uniform-term correction, added into by atomics.
     operands.extend(fix_operands(spec, Role::Output));
     operands.extend(det_operands(deterministic, Role::Output));
+    // A data-dependent mask: the transposed block map (per key tile, its query tiles).
+    let block_map = BlockMapPlan::for_spec(spec, config.block_m, config.block_n, true);
+    if block_map.is_some() {
+        operands.push(block_map_operand(Role::Input));
+    }
     let grads: Vec<ArgField> = grad_params(spec)
         .into_iter()
         .map(ArgField::ParamGrad)
@@ -411,6 +418,7 @@ pub fn plan_backward_main_with(
             deterministic,
         ),
         deterministic,
+        block_map,
     })
 }
 
@@ -503,12 +511,15 @@ mod tests {
             GridRule::KeyTilesKvHeads { rows: 128 }
         );
         assert_eq!(
-            p.kernels[1].launch.grid.grid(|e| match e {
-                SeqK => 300,
-                HeadsKv => 2,
-                Batch => 3,
-                _ => 0,
-            }),
+            p.kernels[1].launch.grid.grid(
+                |e| match e {
+                    SeqK => 300,
+                    HeadsKv => 2,
+                    Batch => 3,
+                    _ => 0,
+                },
+                132
+            ),
             [3, 2, 3]
         );
         assert!(p.kernels[1]

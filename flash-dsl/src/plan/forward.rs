@@ -4,6 +4,7 @@
 //! launch scalars it reads, its grid rule and its launch shape. Everything else — the argument
 //! struct, the launch checks, the packing — follows from this list.
 
+use super::block_map::{block_map_operand, BlockMapPlan};
 use super::mask::analyse_mask;
 use super::operand::{
     arg_layout, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
@@ -13,6 +14,9 @@ use super::{kernel_name, KernelKind, KernelPlan};
 use crate::spec::VariantSpec;
 
 use Extent::*;
+
+/// The work counter of a persistent kernel (see [`plan_forward`]).
+pub const SCHED_OPERAND: &str = "sched";
 
 /// The scalars every attention kernel reads.
 pub const ATTENTION_SCALARS: [ArgField; 7] = [
@@ -87,7 +91,23 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// Plans the forward kernel of `spec` with `config`.
 pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
     config_is_valid(spec, &config)?;
-    let operands = forward_operands(spec, &config);
+    let mut operands = forward_operands(spec, &config);
+    // The persistent warp-specialised kernel takes its work items from a launch-wide counter
+    // (one `i32`, zero between launches: the kernel's last fetch resets it).
+    if config.family == KernelFamily::Sm90Ws {
+        operands.push(Operand::new(
+            SCHED_OPERAND,
+            Role::Output,
+            OperandType::I32,
+            &[],
+            Layout::Contiguous,
+        ));
+    }
+    // A data-dependent mask: the kernel walks a block map instead of classifying tiles.
+    let block_map = BlockMapPlan::for_spec(spec, config.block_m, config.block_n, false);
+    if block_map.is_some() {
+        operands.push(block_map_operand(Role::Input));
+    }
     let args = arg_layout(spec, &operands, &attention_scalars(spec));
     Ok(KernelPlan {
         kind: KernelKind::Forward,
@@ -96,8 +116,15 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
         args,
         operands,
         launch: LaunchShape {
-            grid: GridRule::QueryTiles {
-                rows: config.block_m,
+            // The warp-specialised kernel is persistent (see its template).
+            grid: if config.family == KernelFamily::Sm90Ws {
+                GridRule::Persistent {
+                    rows: config.block_m,
+                }
+            } else {
+                GridRule::QueryTiles {
+                    rows: config.block_m,
+                }
             },
             threads: config.warps * 32,
             smem_bytes: smem_bytes(spec, &config),
@@ -105,5 +132,6 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),
         deterministic: false,
+        block_map,
     })
 }

@@ -16,6 +16,7 @@
 //! mirror of the kernels' tile classification), [`forward`] (the forward kind).
 
 pub mod backward;
+pub mod block_map;
 pub mod classify;
 pub mod forward;
 pub mod mask;
@@ -32,6 +33,7 @@ use crate::spec::VariantSpec;
 pub use backward::{
     backward_pipeline, default_backward_config, default_backward_config_for, grad_params,
 };
+pub use block_map::{host_block_map, needs_block_map, plan_block_map, BlockMapPlan};
 pub use classify::{classify, hull, key_tile_classes, TileClass, TileEnv};
 pub use mask::{analyse_mask, range_lookup, AffineAtom, CmpOp, MaskPlan, MaskTree, RangeAtom};
 pub use operand::{
@@ -56,6 +58,10 @@ pub enum KernelKind {
     BackwardMain,
     /// The fp32 dQ accumulator into dQ.
     DqConvert,
+    /// The forward's block map of a data-dependent mask: per query tile, its key tiles.
+    BlockMap,
+    /// The backward's block map: per key tile, its query tiles.
+    BlockMapKeys,
 }
 
 impl KernelKind {
@@ -66,6 +72,7 @@ impl KernelKind {
             KernelKind::BackwardPre => "backward_pre",
             KernelKind::BackwardMain => "backward",
             KernelKind::DqConvert => "dq_convert",
+            KernelKind::BlockMap | KernelKind::BlockMapKeys => "block_map",
         }
     }
     /// The short tag in kernel entry-point names.
@@ -75,6 +82,8 @@ impl KernelKind {
             KernelKind::BackwardPre => "bwdpre",
             KernelKind::BackwardMain => "bwd",
             KernelKind::DqConvert => "bwddq",
+            KernelKind::BlockMap => "bmap",
+            KernelKind::BlockMapKeys => "bmapk",
         }
     }
 }
@@ -98,6 +107,10 @@ pub struct KernelPlan {
     /// semaphore per query tile), so it is bit-identical across runs; slower.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deterministic: bool,
+    /// The block map this kernel reads (attention kernels of a data-dependent mask) or writes
+    /// (the build kernels); see [`block_map`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_map: Option<BlockMapPlan>,
 }
 
 impl KernelPlan {

@@ -61,10 +61,12 @@ pub enum Extent {
     HeadsKv,
     HeadDimQk,
     HeadDimV,
+    /// Words of the block map (see `plan::block_map`), derived from the others and the plan.
+    MapLen,
 }
 
 impl Extent {
-    pub const ALL: [Extent; 7] = [
+    pub const ALL: [Extent; 8] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -72,6 +74,7 @@ impl Extent {
         Extent::HeadsKv,
         Extent::HeadDimQk,
         Extent::HeadDimV,
+        Extent::MapLen,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -82,6 +85,7 @@ impl Extent {
             Extent::HeadsKv => "heads_kv",
             Extent::HeadDimQk => "head_dim_qk",
             Extent::HeadDimV => "head_dim_v",
+            Extent::MapLen => "block_map_len",
         }
     }
     /// The value the spec fixes, for head dims.
@@ -281,12 +285,30 @@ pub enum GridRule {
     QueryTiles { rows: u32 },
     /// `(ceil(seq_k / rows), heads_kv, batch)`: one block per key tile of each KV head.
     KeyTilesKvHeads { rows: u32 },
+    /// `(min(ceil(seq_q / rows) · heads_q · batch, SMs), 1, 1)`: a persistent kernel whose blocks
+    /// loop over the (query tile, head, batch) items, at most one block per SM.
+    Persistent { rows: u32 },
+    /// `(row tiles, heads_q or 1, batch or 1)`: one block per row of a block map (row tiles of
+    /// `tile` query positions, or key positions when `along_keys`).
+    MapRows {
+        tile: u32,
+        along_keys: bool,
+        per_batch: bool,
+        per_head: bool,
+    },
 }
 
 impl GridRule {
-    /// The grid for the given extents (`get` returns a launch extent's value).
-    pub fn grid(self, get: impl Fn(Extent) -> usize) -> [usize; 3] {
+    /// The grid for the given extents (`get` returns a launch extent's value) on a device with
+    /// `sms` streaming multiprocessors.
+    pub fn grid(self, get: impl Fn(Extent) -> usize, sms: usize) -> [usize; 3] {
         match self {
+            GridRule::Persistent { rows } => {
+                let items = get(Extent::SeqQ).div_ceil(rows as usize)
+                    * get(Extent::HeadsQ)
+                    * get(Extent::Batch);
+                [items.min(sms.max(1)), 1, 1]
+            }
             GridRule::QueryTiles { rows } => [
                 get(Extent::SeqQ).div_ceil(rows as usize),
                 get(Extent::HeadsQ),
@@ -296,6 +318,21 @@ impl GridRule {
                 get(Extent::SeqK).div_ceil(rows as usize),
                 get(Extent::HeadsKv),
                 get(Extent::Batch),
+            ],
+            GridRule::MapRows {
+                tile,
+                along_keys,
+                per_batch,
+                per_head,
+            } => [
+                get(if along_keys {
+                    Extent::SeqK
+                } else {
+                    Extent::SeqQ
+                })
+                .div_ceil(tile as usize),
+                if per_head { get(Extent::HeadsQ) } else { 1 },
+                if per_batch { get(Extent::Batch) } else { 1 },
             ],
         }
     }

@@ -1,5 +1,6 @@
 //! Unit tests of the planner: defaults, rules, mask atoms, classification.
 use super::*;
+use crate::eval::ParamValues;
 use crate::spec::{BinOp, DType, Dim, Expr, ParamDecl, ParamKind, ScalarTy, UnOp, Var};
 
 fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
@@ -356,4 +357,129 @@ fn classification_of_causal_tiles() {
     let m = analyse_mask(&s, &ne);
     assert_eq!(classify(&m, &s, &env, 0, 63, 64, 127), Full);
     assert_eq!(classify(&m, &s, &env, 5, 5, 5, 5), Empty);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block maps
+// ---------------------------------------------------------------------------------------------
+
+fn parse_one(src: &str) -> VariantSpec {
+    crate::parse::parse_str(src)
+        .unwrap_or_else(|d| panic!("{d:?}"))
+        .remove(0)
+}
+
+const DOC: &str = "pub Doc { head_dim: 64, dtype: bf16, params: { doc: [i32; seq] }, mask: causal && doc[q] == doc[k], }";
+
+#[test]
+fn block_maps_are_planned_only_for_masks_that_read_tensors() {
+    let doc = parse_one(DOC);
+    assert!(needs_block_map(&doc));
+    for affine in [
+        "pub C { head_dim: 64, dtype: bf16, mask: causal, }",
+        "pub W { head_dim: 64, dtype: bf16, mask: causal && q - k < 128, }",
+        "pub P { head_dim: 64, dtype: bf16, params: { prefix: i32 }, mask: causal || k < prefix, }",
+        "pub D { head_dim: 64, dtype: bf16, }",
+    ] {
+        let s = parse_one(affine);
+        assert!(!needs_block_map(&s), "{affine}");
+        assert!(plan(&s, None).unwrap().block_map.is_none());
+    }
+    // The forward reads the map after its other operands; the backward main kernel reads the
+    // transposed map at its own tile sizes.
+    let f = plan(&doc, Some(default_config_for(&doc, KernelFamily::Sm90Ws))).unwrap();
+    let m = f.block_map.expect("a forward map");
+    assert_eq!(f.operands.last().unwrap().name, "block_map");
+    assert_eq!(
+        (m.tile_q, m.tile_k, m.along_keys),
+        (f.config.block_m, f.config.block_n, false)
+    );
+    assert!(!m.per_batch && !m.per_head);
+    let bc = default_backward_config_for(&doc, KernelFamily::Sm90);
+    let b = backward::plan_backward_main(&doc, bc).unwrap();
+    let bm = b.block_map.expect("a backward map");
+    assert!(bm.along_keys);
+    assert_eq!((bm.tile_q, bm.tile_k), (bc.block_m, bc.block_n));
+    // Per batch / per head as the mask reads b / h.
+    let per = parse_one(
+        "pub H { head_dim: 64, dtype: bf16, params: { doc: [i32; heads, seq] }, mask: doc[h, q] == doc[h, k], }",
+    );
+    let m = BlockMapPlan::for_spec(&per, 64, 128, false).unwrap();
+    assert!(m.per_head && !m.per_batch);
+    assert_eq!(m.slots(3, 5), 5);
+    assert_eq!(m.len(3, 5, 100, 300), 5 * 2 * (3 + 1));
+    assert_eq!(m.slot(2, 4, 5), 4);
+}
+
+/// The host map agrees with the kernels' three-valued classification wherever that is definite,
+/// and lists exactly the tiles holding a visible element (brute force over every element).
+#[test]
+fn host_block_maps_are_exact() {
+    let doc = parse_one(DOC);
+    let mut rng = crate::rng::SplitMix(99);
+    for (sq, sk) in [(1, 1), (17, 40), (300, 113), (257, 257)] {
+        let n = sq.max(sk);
+        let mut ids: Vec<i64> = (0..n).map(|_| rng.below(6) as i64).collect();
+        ids.sort();
+        let pv = ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)]);
+        let env = TileEnv::new(0, 0, sq, sk, &pv);
+        let eval = crate::eval::Env::new(
+            &doc,
+            &pv,
+            crate::eval::Sizes {
+                batch: 1,
+                heads: 1,
+                seq_q: sq,
+                seq_k: sk,
+            },
+        );
+        let mask = doc.mask.as_ref().map(|m| analyse_mask(&doc, m)).unwrap();
+        for along_keys in [false, true] {
+            let m = BlockMapPlan::for_spec(&doc, 64, 32, along_keys).unwrap();
+            let words = host_block_map(&doc, &m, &pv, 1, 1, sq, sk);
+            for r in 0..m.rows(sq, sk) {
+                let listed = block_map::map_row(&words, &m, 0, r, sq, sk);
+                for c in 0..m.cols(sq, sk) {
+                    let (qt, kt) = if along_keys { (c, r) } else { (r, c) };
+                    let (q0, k0) = (qt * 64, kt * 32);
+                    let (q1, k1) = ((q0 + 64).min(sq) - 1, (k0 + 32).min(sk) - 1);
+                    let vis: Vec<bool> = (q0..=q1)
+                        .flat_map(|q| (k0..=k1).map(move |k| (q, k)))
+                        .map(|(q, k)| {
+                            eval.mask(&crate::eval::Point {
+                                b: 0,
+                                h: 0,
+                                q: q as i64,
+                                k: k as i64,
+                                s: 0.0,
+                            })
+                        })
+                        .collect();
+                    let entry = listed.iter().find(|e| e.0 == c);
+                    let overhang = q0 + 64 > sq || k0 + 32 > sk;
+                    match entry {
+                        None => assert!(vis.iter().all(|v| !v), "{sq}x{sk} tile {qt},{kt} skipped"),
+                        Some((_, true)) => assert!(
+                            vis.iter().any(|v| *v) && (overhang || vis.iter().any(|v| !v)),
+                            "{sq}x{sk} tile {qt},{kt} partial"
+                        ),
+                        Some((_, false)) => assert!(
+                            !overhang && vis.iter().all(|v| *v),
+                            "{sq}x{sk} tile {qt},{kt} full"
+                        ),
+                    }
+                    let cls = classify(
+                        &mask, &doc, &env, q0 as i64, q1 as i64, k0 as i64, k1 as i64,
+                    );
+                    match cls {
+                        TileClass::Empty => assert!(entry.is_none()),
+                        TileClass::Full => assert!(entry.is_some_and(|e| e.1 == overhang)),
+                        TileClass::Partial => {}
+                    }
+                }
+                // Entries ascend.
+                assert!(listed.windows(2).all(|w| w[0].0 < w[1].0));
+            }
+        }
+    }
 }

@@ -20,7 +20,7 @@ use flash_dsl::{TileConfig, VariantSpec};
 
 use super::check::invalid;
 use super::tensor::{ctx_id, ElemType, OperandArg, TensorMut, TensorRef};
-use super::{driver, Runtime};
+use super::{driver, BlockMap, ProblemShape, Runtime};
 use crate::error::FlashError;
 use crate::variant::{ParamArg, Variant};
 
@@ -117,6 +117,21 @@ impl Runtime {
         input: &BackwardInputs<'_>,
         params: &[ParamArg<'_>],
         grads: &mut BackwardGrads<'_>,
+    ) -> Result<(), FlashError> {
+        self.backward_mapped(spec, opts, input, params, grads, None)
+    }
+
+    /// [`Runtime::backward_spec_with`] with a prebuilt block map (from
+    /// [`Runtime::backward_block_map`]) for a variant whose mask reads tensors; with `None`
+    /// such a variant's map is built first, on the same stream.
+    pub fn backward_mapped(
+        &self,
+        spec: &VariantSpec,
+        opts: &BackwardOptions,
+        input: &BackwardInputs<'_>,
+        params: &[ParamArg<'_>],
+        grads: &mut BackwardGrads<'_>,
+        map: Option<&BlockMap>,
     ) -> Result<(), FlashError> {
         let det = opts.deterministic;
         // The default follows the device's kernel family (the wgmma kernel on sm_90a, unless
@@ -257,6 +272,13 @@ impl Runtime {
             v
         };
         let fixing = !fix_ops.is_empty();
+        let mut owned_map = None;
+        let shape = ProblemShape::of(&input.q, &input.k);
+        let map_op = self.map_operand(&main.plan, shape, params, map, &mut owned_map)?;
+        let with_map = |mut v: Vec<OperandArg>| {
+            v.extend(map_op.iter().cloned());
+            v
+        };
         let launches = [
             self.prepare(
                 &pre,
@@ -271,7 +293,7 @@ impl Runtime {
             )?,
             self.prepare(
                 &main,
-                &with_sem(with_fix(vec![
+                &with_map(with_sem(with_fix(vec![
                     t(&input.q),
                     t(&input.k),
                     t(&input.v),
@@ -281,7 +303,7 @@ impl Runtime {
                     acc_op.clone(),
                     m(&grads.dk),
                     m(&grads.dv),
-                ])),
+                ]))),
                 params,
                 &grad_args,
             )?,
@@ -300,6 +322,7 @@ impl Runtime {
         drop(scratch);
         drop(fix_bufs);
         drop(sem_buf);
+        drop(owned_map);
         Ok(())
     }
 

@@ -82,6 +82,18 @@ pub fn non_overlapping(shape: &[usize], strides: &[i64]) -> bool {
 /// launch's extents. Head dims are fixed by the spec; every other extent is defined by the
 /// first operand that has it.
 pub fn resolve_extents(plan: &KernelPlan, args: &[OperandArg]) -> Result<Extents, FlashError> {
+    resolve_extents_with(plan, args, &[])
+}
+
+/// [`resolve_extents`] with extents given by the caller (`preset`) before any operand binds
+/// them: a kernel whose operands do not carry the launch sizes (the block-map build) takes them
+/// from the problem it is built for. The block map's length is derived last, from the plan's
+/// map and the bound sizes.
+pub fn resolve_extents_with(
+    plan: &KernelPlan,
+    args: &[OperandArg],
+    preset: &[(Extent, usize)],
+) -> Result<Extents, FlashError> {
     let spec = &plan.spec;
     if args.len() != plan.operands.len() {
         return Err(invalid(format!(
@@ -98,6 +110,9 @@ pub fn resolve_extents(plan: &KernelPlan, args: &[OperandArg]) -> Result<Extents
             ext.bind(e, n, &format!("`{}`", spec.name))
                 .expect("fixed extents are bound once");
         }
+    }
+    for (e, n) in preset {
+        ext.bind(*e, *n, "the problem shape").map_err(invalid)?;
     }
     for (op, a) in plan.operands.iter().zip(args) {
         if !a.elem.matches_operand(op.ty) {
@@ -127,6 +142,16 @@ pub fn resolve_extents(plan: &KernelPlan, args: &[OperandArg]) -> Result<Extents
                 ))
             })?;
         }
+    }
+    if let Some(m) = &plan.block_map {
+        let len = m.len(
+            ext.get(Extent::Batch),
+            ext.get(Extent::HeadsQ),
+            ext.get(Extent::SeqQ),
+            ext.get(Extent::SeqK),
+        );
+        ext.bind(Extent::MapLen, len, "the block map's shape")
+            .map_err(invalid)?;
     }
     // Flat operands: their shape comes from extents bound by the others.
     for (op, a) in plan.operands.iter().zip(args) {

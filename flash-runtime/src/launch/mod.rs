@@ -40,10 +40,12 @@ use crate::prepared::PreparedLaunch;
 use crate::variant::{ParamArg, Variant};
 
 pub mod backward;
+pub mod block_map;
 pub mod check;
 pub mod pack;
 pub mod tensor;
 
+pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
 pub use tensor::{
@@ -72,6 +74,8 @@ pub struct Runtime {
     cache: KernelCache,
     kernels: Mutex<KernelMemo>,
     variant_specs: Mutex<HashMap<&'static str, Arc<VariantSpec>>>,
+    /// The persistent kernels' work counter (see `sched_operand`).
+    sched: Mutex<Option<CudaSlice<i32>>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -88,6 +92,21 @@ pub struct ProblemShape {
     pub seq_k: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+}
+
+impl ProblemShape {
+    /// The sizes of a launch on Q `[batch, seq_q, heads_q, d]` and K `[batch, seq_k, heads_kv, d]`.
+    pub fn of(q: &TensorRef<'_>, k: &TensorRef<'_>) -> ProblemShape {
+        let [batch, seq_q, heads_q, _] = q.desc.shape;
+        let [_, seq_k, heads_kv, _] = k.desc.shape;
+        ProblemShape {
+            batch,
+            seq_q,
+            seq_k,
+            heads_q,
+            heads_kv,
+        }
+    }
 }
 
 impl Runtime {
@@ -142,6 +161,7 @@ impl Runtime {
             cache,
             kernels: Mutex::new(HashMap::new()),
             variant_specs: Mutex::new(HashMap::new()),
+            sched: Mutex::new(None),
         })
     }
 
@@ -247,8 +267,57 @@ impl Runtime {
         lse: &mut LseMut<'_>,
         params: &[ParamArg<'_>],
     ) -> Result<(), FlashError> {
-        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params, &[])?;
+        self.forward_mapped(kernel, q, k, v, o, lse, params, None)
+    }
+
+    /// [`Runtime::forward`] with a prebuilt block map (see [`block_map`]) for a variant whose
+    /// mask reads tensors; with `None` such a variant's map is built first, on the same stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_mapped(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        map: Option<&BlockMap>,
+    ) -> Result<(), FlashError> {
+        let mut owned = None;
+        let ops = self.forward_args(kernel, q, k, v, o, lse, params, map, &mut owned)?;
+        let launch = self.prepare(kernel, &ops, params, &[])?;
         self.launch_checked(&launch)
+    }
+
+    /// The forward kernel's operands, the block map (given or built into `owned`) last when
+    /// the plan reads one.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_args(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        o: &TensorMut<'_>,
+        lse: &LseMut<'_>,
+        params: &[ParamArg<'_>],
+        map: Option<&BlockMap>,
+        owned: &mut Option<BlockMap>,
+    ) -> Result<Vec<OperandArg>, FlashError> {
+        let mut ops = forward_operands(q, k, v, o, lse).to_vec();
+        if kernel
+            .plan
+            .operand(flash_dsl::plan::forward::SCHED_OPERAND)
+            .is_some()
+        {
+            ops.push(self.sched_operand()?);
+        }
+        let shape = ProblemShape::of(q, k);
+        if let Some(m) = self.map_operand(&kernel.plan, shape, params, map, owned)? {
+            ops.push(m);
+        }
+        Ok(ops)
     }
 
     /// Loads `spec` (memoised) and runs it: [`Runtime::load`] then [`Runtime::forward`].
@@ -315,6 +384,30 @@ impl Runtime {
         self.forward_spec(&spec, None, q, k, v, o, lse, &args)
     }
 
+    /// The work counter of the persistent kernels: one `i32` per runtime, zeroed once; every
+    /// launch leaves it at zero (its last fetch resets it), and launches on the runtime's one
+    /// stream never overlap.
+    fn sched_operand(&self) -> Result<OperandArg, FlashError> {
+        let mut slot = self.sched.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(
+                self.stream
+                    .alloc_zeros::<i32>(1)
+                    .map_err(|e| driver("allocating the work counter", e))?,
+            );
+        }
+        let buf = slot.as_mut().expect("just allocated");
+        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(buf, &self.stream);
+        Ok(OperandArg {
+            ptr,
+            len: 1,
+            shape: None,
+            strides: Vec::new(),
+            elem: ElemType::I32,
+            ctx: tensor::ctx_id(&self.ctx),
+        })
+    }
+
     /// The spec of a macro-declared variant, parsed once.
     pub fn variant_spec<V: Variant>(&self) -> Result<Arc<VariantSpec>, FlashError> {
         let mut map = self.variant_specs.lock().unwrap_or_else(|e| e.into_inner());
@@ -356,7 +449,10 @@ impl Runtime {
         warmup: usize,
         iters: usize,
     ) -> Result<f32, FlashError> {
-        let launch = self.prepare(kernel, &forward_operands(q, k, v, o, lse), params, &[])?;
+        // A block map is built once, before the timed launches (its build is timed apart).
+        let mut owned = None;
+        let ops = self.forward_args(kernel, q, k, v, o, lse, params, None, &mut owned)?;
+        let launch = self.prepare(kernel, &ops, params, &[])?;
         for _ in 0..warmup {
             self.launch_checked(&launch)?;
         }
@@ -408,8 +504,21 @@ impl Runtime {
         params: &[ParamArg<'_>],
         grads: &[Option<ParamArg<'_>>],
     ) -> Result<PreparedLaunch<'a>, FlashError> {
+        self.prepare_with(kernel, operands, params, grads, &[])
+    }
+
+    /// [`Runtime::prepare`] with launch extents given up front (see
+    /// [`check::resolve_extents_with`]).
+    pub(crate) fn prepare_with<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        operands: &[OperandArg],
+        params: &[ParamArg<'_>],
+        grads: &[Option<ParamArg<'_>>],
+        preset: &[(flash_dsl::plan::Extent, usize)],
+    ) -> Result<PreparedLaunch<'a>, FlashError> {
         let plan = &kernel.plan;
-        let ext = check::resolve_extents(plan, operands)?;
+        let ext = check::resolve_extents_with(plan, operands, preset)?;
         let me = tensor::ctx_id(&self.ctx);
         for (op, a) in plan.operands.iter().zip(operands) {
             let bytes = check::check_operand(op, a, &ext)?;
@@ -434,7 +543,10 @@ impl Runtime {
         for (name, ptr, len) in &packed.param_regions {
             self.check_allocation(name, *ptr, *len)?;
         }
-        let [gx, gy, gz] = plan.launch.grid.grid(|e| ext.get(e));
+        let [gx, gy, gz] = plan
+            .launch
+            .grid
+            .grid(|e| ext.get(e), self.info.sm_count as usize);
         if gx > i32::MAX as usize || gy > 65535 || gz > 65535 {
             return Err(invalid(format!(
                 "grid ({gx}, {gy}, {gz}) exceeds the launch limits (2^31-1, 65535, 65535)"

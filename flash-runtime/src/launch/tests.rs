@@ -84,7 +84,7 @@ fn extents_resolve_from_the_operand_list() {
     ] {
         assert_eq!(ext.get(e), n, "{e:?}");
     }
-    assert_eq!(plan.launch.grid.grid(|e| ext.get(e)), [1, 4, 2]);
+    assert_eq!(plan.launch.grid.grid(|e| ext.get(e), 132), [1, 4, 2]);
 }
 
 #[test]
@@ -206,7 +206,27 @@ fn args_are_packed_at_the_layout_offsets() {
     );
     let mut ops = forward_args();
     ops[1].ptr = 0x3000;
+    // The mask reads a tensor: the kernel walks a block map, whose length is derived from the
+    // plan's tiles and the launch sizes (one slot: the mask reads neither b nor h).
+    let m = plan
+        .block_map
+        .expect("a data-dependent mask reads a block map");
+    let words = m.len(2, 4, 100, 300);
+    assert_eq!(
+        words,
+        100usize.div_ceil(m.tile_q as usize) * (300usize.div_ceil(m.tile_k as usize) + 1)
+    );
+    let mut short = flat(words - 1);
+    short.elem = ElemType::I32;
+    ops.push(short);
+    let e = check::resolve_extents(&plan, &ops).unwrap_err().to_string();
+    assert!(
+        e.contains("block_map") && e.contains(&words.to_string()),
+        "{e}"
+    );
+    ops.last_mut().unwrap().len = words;
     let ext = check::resolve_extents(&plan, &ops).unwrap();
+    assert_eq!(ext.get(Extent::MapLen), words);
     let params = [
         ParamArg::F32(30.0),
         ParamArg::raw_tensor(0x2000, 300, ScalarTy::I32),

@@ -1,8 +1,13 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--json OUT.json]
 //! ```
+//!
+//! **Block maps** (`--maps`, or `--maps-only` for nothing else): the maps the GPU builds for
+//! masks that read tensors, word for word against the host's brute-force classification, over
+//! document layouts, shapes and every family's tile sizes; with timing, their build time and
+//! memory at n = 4k, 16k, 128k. See `blockmap.rs`.
 //!
 //! **Backward** (`--backward`): every declaration at head dims 64, 96, 128 in bf16 and f16 over
 //! a shape matrix (seq 1…300, seq_q ≠ seq_k both ways, MHA/GQA/MQA), gradients against the
@@ -33,6 +38,7 @@
 //! NVRTC compile and warm disk-cache load latency. Rows go to `--json`.
 
 mod backward;
+mod blockmap;
 mod bwd_timing;
 mod cases;
 mod device;
@@ -142,6 +148,7 @@ fn main() -> ExitCode {
     let (mut small, mut do_check, mut do_time, mut do_bwd) = (false, true, true, false);
     let mut do_fwd = true;
     let mut do_drop = false;
+    let mut do_maps = false;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -163,9 +170,15 @@ fn main() -> ExitCode {
                 do_fwd = false;
                 do_bwd = false;
             }
+            "--maps" => do_maps = true,
+            "--maps-only" => {
+                do_maps = true;
+                do_fwd = false;
+                do_bwd = false;
+            }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -288,8 +301,26 @@ fn main() -> ExitCode {
         );
         failed |= fails > 0;
     }
+    let document = variants::example(&specs, "Document");
+    if do_maps && do_check {
+        let (n, fails) = match &document {
+            Ok(doc) => blockmap::check_maps(&rt, doc),
+            Err(e) => {
+                println!("FAIL maps: {e}");
+                (1, 1)
+            }
+        };
+        println!("# block maps: {} passed, {fails} failed of {n}", n - fails);
+        failed |= fails > 0;
+    }
     if do_time {
         let mut rows = Vec::new();
+        if do_maps {
+            if let Err(e) = document.and_then(|doc| blockmap::timing_maps(&rt, &doc, &mut rows)) {
+                println!("# block-map timing failed: {e}");
+                failed = true;
+            }
+        }
         if do_drop {
             if let Err(e) = dropout::timing_dropout(&rt, &mut rows) {
                 println!("# dropout timing failed: {e}");
