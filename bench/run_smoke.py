@@ -16,7 +16,10 @@ v = rng.standard_normal((B, SK, HKV, D)).astype(np.float32)
 doc = np.sort(rng.integers(0, 4, SK)).astype(np.int64)
 do = rng.standard_normal((B, SQ, HQ, D)).astype(np.float32)
 slopes = np.array([2.0 ** (-8 * (h + 1) / HQ) for h in range(HQ)], dtype=np.float32)
-for n, a in dict(q=q, k=k, v=v, doc=doc, do=do, slopes=slopes).items():
+# A block-sparse layout for `BigBird` ([heads, seq / 128, 8]): entries -1 (unused), 0 or 1.
+lay = rng.integers(-1, 2, (HQ, (max(SQ, SK) + 127) // 128, 8)).astype(np.int64)
+allowed = torch.tensor(np.stack([[[(lay[h, qb] == kb).any() for kb in range(lay.shape[1])] for qb in range(lay.shape[1])] for h in range(HQ)]))
+for n, a in dict(q=q, k=k, v=v, doc=doc, do=do, slopes=slopes, lay=lay).items():
     np.save(f"{tmp}/{n}.npy", a)
 
 
@@ -39,6 +42,7 @@ cases = [
     ("causal.flash", [], causal, None),
     ("document.flash", ["--param", f"doc={tmp}/doc.npy"], lambda i, j: causal(i, j) & (torch.tensor(doc)[j] == torch.tensor(doc)[torch.clamp(i, max=SK - 1)]), None),
     ("softcap.flash", ["--param", "cap=5"], causal, lambda s: 5 * torch.tanh(s / 5)),
+    ("bigbird.flash", ["--param", f"blocks={tmp}/lay.npy"], lambda i, j: allowed[:, i // 128, j // 128], None),
 ]
 bad = 0
 for f, extra, m, sf in cases:

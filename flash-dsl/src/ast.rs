@@ -126,4 +126,7 @@ pub enum DimAst {
     Named(Ident),
     /// A fixed size.
     Fixed(LitInt),
+    /// `seq / N`: the sequence in blocks of N positions (a block-sparse layout's query blocks);
+    /// the name (which validation requires to be `seq`) and the block size.
+    Blocks(Ident, LitInt),
 }

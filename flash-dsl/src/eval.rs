@@ -59,6 +59,7 @@ pub fn tensor_shape(dims: &[Dim], sizes: Sizes) -> Vec<usize> {
             Dim::Heads => sizes.heads,
             Dim::Seq => sizes.seq_q.max(sizes.seq_k),
             Dim::Fixed(n) => *n as usize,
+            Dim::SeqBlocks(n) => sizes.seq_q.max(sizes.seq_k).div_ceil(*n as usize),
         })
         .collect()
 }
@@ -130,12 +131,39 @@ impl<'a> Env<'a> {
         }
     }
 
-    /// Evaluates the mask at `p`; `None` (no mask) is true.
+    /// Evaluates the mask at `p`; `None` (no mask) is true. A declared sparsity layout is ANDed
+    /// in: the key's block must be listed for the query's block.
     pub fn mask(&self, p: &Point) -> bool {
-        match &self.spec.mask {
+        let m = match &self.spec.mask {
             Some(m) => self.eval(m, p).as_bool(),
             None => true,
+        };
+        m && self.sparsity_allows(p)
+    }
+
+    /// Whether the sparsity layout (if any) lists the key block of `p` for its query block.
+    pub fn sparsity_allows(&self, p: &Point) -> bool {
+        let Some(sp) = &self.spec.sparsity else {
+            return true;
+        };
+        let ParamValue::IntTensor(t) = &self.params.0[sp.param] else {
+            panic!("the sparsity layout must be an integer tensor")
+        };
+        let n = sp.block as i64;
+        let blocks = self
+            .sizes
+            .seq_q
+            .max(self.sizes.seq_k)
+            .div_ceil(sp.block as usize);
+        let mut row = (p.q / n) as usize;
+        if sp.per_batch {
+            row += p.b as usize * self.sizes.heads.pow(sp.per_head as u32) * blocks;
         }
+        if sp.per_head {
+            row += p.h as usize * blocks;
+        }
+        let k = sp.slots as usize;
+        t[row * k..(row + 1) * k].contains(&(p.k / n))
     }
 
     /// Applies the score modification to `p.s`; `None` is the identity.
@@ -337,6 +365,7 @@ mod tests {
             mask: None,
             score: None,
             dropout: None,
+            sparsity: None,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod model;
 pub mod parse;
 pub mod plan;
 pub mod rng;
+pub mod sparsity;
 pub mod spec;
 pub mod validate;
 

@@ -118,7 +118,7 @@ fn parse_entry(input: ParseStream) -> syn::Result<Entry> {
         "head_dim" => Value::HeadDim(parse_head_dim(input)?),
         "dtype" => Value::DType(input.parse()?),
         "params" => Value::Params(parse_params(input)?),
-        "scale" | "mask" | "score" | "dropout" => {
+        "scale" | "mask" | "score" | "dropout" | "sparsity" => {
             Value::Expr(Box::new(parse_expr_value(input, &key)?))
         }
         _ => Value::Other(tokens_until_comma(input)?),
@@ -178,12 +178,18 @@ fn parse_param_ty(input: ParseStream) -> syn::Result<ParamTyAst> {
             if content.peek(LitInt) {
                 dims.push(DimAst::Fixed(content.parse()?));
             } else {
-                dims.push(DimAst::Named(content.parse().map_err(|e| {
+                let name: Ident = content.parse().map_err(|e| {
                     syn::Error::new(
                         e.span(),
-                        "expected a dimension: `batch`, `heads`, `seq` or an integer literal",
+                        "expected a dimension: `batch`, `heads`, `seq`, `seq / N` or an integer literal",
                     )
-                })?));
+                })?;
+                if content.peek(Token![/]) {
+                    content.parse::<Token![/]>()?;
+                    dims.push(DimAst::Blocks(name, content.parse()?));
+                } else {
+                    dims.push(DimAst::Named(name));
+                }
             }
             if content.is_empty() {
                 break;

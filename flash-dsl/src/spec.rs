@@ -84,6 +84,9 @@ pub enum Dim {
     Heads,
     Seq,
     Fixed(u32),
+    /// `seq / N`: ⌈max(seq_q, seq_k) / N⌉ blocks of N positions (a block-sparse layout's query
+    /// blocks); indexed like a fixed dimension (any integer expression, clamped).
+    SeqBlocks(u32),
 }
 
 /// A declared runtime parameter. Runtime values never force a recompile: they travel in the
@@ -324,6 +327,26 @@ pub struct VariantSpec {
     /// Dropout on the normalised probabilities; `None` means none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropout: Option<Dropout>,
+    /// A declared block-sparse layout, ANDed with the mask; `None` means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sparsity: Option<Sparsity>,
+}
+
+/// `sparsity: blocks` with `params: { blocks: [i32; (batch,) (heads,) seq / N, K] }`: for each
+/// (batch and head where the layout has those dimensions) query block of N positions, up to K
+/// key blocks it may visit, in any order, repeats allowed, −1 for an unused slot. An element is
+/// visible when the mask allows it and its key block is listed for its query block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Sparsity {
+    /// The layout parameter (an `i32` tensor), by index into `VariantSpec::params`.
+    pub param: usize,
+    /// Positions per block (the `N` of its `seq / N` dimension).
+    pub block: u32,
+    /// Key blocks listed per query block (its last dimension).
+    pub slots: u32,
+    /// The layout has a leading `batch` / `heads` dimension.
+    pub per_batch: bool,
+    pub per_head: bool,
 }
 
 /// The probability of dropout (`dropout: 0.1` or `dropout: p`): O = (dropout(P) / (1 − p))·V

@@ -191,6 +191,7 @@ fn emit(decl: &Decl, spec: &VariantSpec) -> TokenStream {
                         flash_dsl::spec::Dim::Heads => "heads".to_string(),
                         flash_dsl::spec::Dim::Seq => "seq".to_string(),
                         flash_dsl::spec::Dim::Fixed(n) => n.to_string(),
+                        flash_dsl::spec::Dim::SeqBlocks(n) => format!("seq / {n}"),
                     })
                     .collect();
                 let desc = format!("[{}; {}], row-major", elem.name(), dims.join(", "));

@@ -76,8 +76,8 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
     let per = |cfgs: usize| 2 * 6 + 2 + 2 * cfgs + 1;
     assert_eq!(
         jobs.len(),
-        10 * (per(3) + per(2) + per(2)),
-        "ten example variants"
+        11 * (per(3) + per(2) + per(2)),
+        "eleven example variants"
     );
     let rows = common::par_map(&jobs, |(p, arch)| {
         let k = compile(&emit(p), &CompileOptions::new(*arch))

@@ -32,7 +32,7 @@ fn every_example_variant_compiles_without_spills() {
             }
         }
     }
-    assert_eq!(jobs.len(), 10 * 2 * 2 * 3, "ten example variants");
+    assert_eq!(jobs.len(), 11 * 2 * 2 * 3, "eleven example variants");
     let rows = common::par_map(&jobs, |(spec, arch)| {
         let family = KernelFamily::for_arch(arch);
         let p = plan(spec, Some(default_config_for(spec, family))).unwrap();

@@ -132,5 +132,5 @@ fn example_block_map_builders() {
             });
         }
     }
-    assert_eq!(n, 2, "the Document example's two maps");
+    assert_eq!(n, 4, "the Document and BigBird examples' two maps each");
 }

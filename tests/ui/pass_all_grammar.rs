@@ -49,6 +49,13 @@ flash_macros::attention! {
     /// Dropout with a runtime probability, and with a constant one.
     pub Dropped { head_dim: 64, dtype: bf16, params: { p: f32 }, mask: causal, dropout: p }
     pub DroppedConst { head_dim: 64, dtype: bf16, dropout: 0.1 }
+    pub Sparse {
+        head_dim: 64,
+        dtype: bf16,
+        params: { blocks: [i32; batch, heads, seq / 128, 4] },
+        mask: causal,
+        sparsity: blocks,
+    }
     /// Everything else: functions, unary operators, `if`, `/`, `%`, comparisons.
     Kitchen {
         head_dim: 32,

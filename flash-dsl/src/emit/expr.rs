@@ -125,6 +125,9 @@ impl ExprCx<'_> {
                 Dim::Heads => "args.heads_q".to_string(),
                 Dim::Seq => "flash::imax(args.seq_q, args.seq_k)".to_string(),
                 Dim::Fixed(n) => n.to_string(),
+                Dim::SeqBlocks(n) => {
+                    format!("((flash::imax(args.seq_q, args.seq_k) + {}) / {n})", n - 1)
+                }
             };
             let clamped = format!("flash::clampi({}, {size})", self.expr(ix));
             flat = if flat.is_empty() {
@@ -209,7 +212,9 @@ fn range_lookup_of(cx: &ExprCx, param: usize, idx: &[Expr]) -> (Var, Option<(Str
         let size = match dims[0] {
             Dim::Batch => "args.batch".to_string(),
             Dim::Heads => "args.heads_q".to_string(),
-            Dim::Seq => unreachable!("the leading dimension of a range lookup is not seq"),
+            Dim::Seq | Dim::SeqBlocks(_) => {
+                unreachable!("the leading dimension of a range lookup is not seq")
+            }
             Dim::Fixed(n) => n.to_string(),
         };
         (cx.expr(e), size)

@@ -156,6 +156,14 @@ struct Context {
     /// The map has one slot per batch / per query head.
     map_per_batch: bool,
     map_per_head: bool,
+    /// The build kernel checks a sparsity layout and decides tiles by it.
+    map_layout: bool,
+    /// The layout's argument-struct field, blocks, slots per block, leading dims.
+    layout_field: String,
+    layout_block: u32,
+    layout_slots: u32,
+    layout_per_batch: bool,
+    layout_per_head: bool,
     /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
     wgmma_defs: String,
 }
@@ -322,6 +330,16 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .as_ref()
             .and_then(|m| mask_bits_body(&m.expr, &cx))
             .unwrap_or_default(),
+        map_layout: matches!(plan.kind, KernelKind::BlockMap | KernelKind::BlockMapKeys)
+            && spec.sparsity.is_some(),
+        layout_field: spec
+            .sparsity
+            .map(|sp| format!("p_{}", spec.params[sp.param].name))
+            .unwrap_or_default(),
+        layout_block: spec.sparsity.map_or(0, |sp| sp.block),
+        layout_slots: spec.sparsity.map_or(0, |sp| sp.slots),
+        layout_per_batch: spec.sparsity.is_some_and(|sp| sp.per_batch),
+        layout_per_head: spec.sparsity.is_some_and(|sp| sp.per_head),
         has_block_map: plan.block_map.is_some(),
         map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
         map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),

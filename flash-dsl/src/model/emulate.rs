@@ -10,7 +10,8 @@
 
 use crate::eval::{Env, Point};
 use crate::model::reference::{dot, Output, Problem};
-use crate::plan::{classify, KernelPlan, TileClass, TileEnv};
+use crate::plan::block_map::map_row;
+use crate::plan::{classify, host_block_map, KernelPlan, TileClass, TileEnv};
 
 /// Runs `plan` on `p`. `tiles_visited` / `tiles_skipped` count (query tile, key tile) pairs over
 /// all batches and heads.
@@ -33,6 +34,12 @@ pub fn forward(plan: &KernelPlan, p: &Problem) -> Output {
     let mut acc = vec![0.0f64; bm * dv];
     let mut s_row = vec![f64::NEG_INFINITY; bn];
 
+    // A variant with a block map walks its lists (built here by brute force, as the GPU builds
+    // them) instead of classifying tiles.
+    let map = plan.block_map.map(|m| {
+        let words = host_block_map(spec, &m, &p.params, p.batch, p.heads_q, p.seq_q, p.seq_k);
+        (m, words)
+    });
     for b in 0..p.batch {
         for h in 0..p.heads_q {
             let kvh = p.kv_head(h);
@@ -40,15 +47,23 @@ pub fn forward(plan: &KernelPlan, p: &Problem) -> Output {
             for qt in 0..plan.query_tiles(p.seq_q) {
                 let q0 = qt * bm;
                 let q1 = (q0 + bm).min(p.seq_q) - 1;
+                let listed = map
+                    .as_ref()
+                    .map(|(m, w)| map_row(w, m, m.slot(b, h, p.heads_q), qt, p.seq_q, p.seq_k));
                 m_i.fill(f64::NEG_INFINITY);
                 l_i.fill(0.0);
                 acc.fill(0.0);
                 for kt in 0..plan.key_tiles(p.seq_k) {
                     let k0 = kt * bn;
                     let k1 = (k0 + bn).min(p.seq_k) - 1;
-                    let class = match &plan.mask {
-                        None => TileClass::Full,
-                        Some(mask) => classify(
+                    let class = match (&listed, &plan.mask) {
+                        (Some(l), _) => match l.iter().find(|e| e.0 == kt) {
+                            None => TileClass::Empty,
+                            Some((_, true)) => TileClass::Partial,
+                            Some((_, false)) => TileClass::Full,
+                        },
+                        (None, None) => TileClass::Full,
+                        (None, Some(mask)) => classify(
                             mask, spec, &tile_env, q0 as i64, q1 as i64, k0 as i64, k1 as i64,
                         ),
                     };

@@ -336,6 +336,7 @@ mod tests {
             mask: None,
             score: None,
             dropout: None,
+            sparsity: None,
         }
     }
 

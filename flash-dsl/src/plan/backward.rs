@@ -93,6 +93,7 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
     if !matches!(cfg.family, KernelFamily::Sm80 | KernelFamily::Sm90) {
         return Err(PlanError::BackwardFamily(cfg.family));
     }
+    super::tile::sparse_tiles_fit(spec, cfg)?;
     // The wgmma kernel also takes 128 queries per step where dK and dV are narrow enough to
     // leave registers for the 128-wide Sᵀ and dPᵀ.
     let wide_m = cfg.family == KernelFamily::Sm90

@@ -49,11 +49,19 @@ pub struct BlockMapPlan {
     pub per_batch: bool,
     /// The mask reads `h`: one map per query head.
     pub per_head: bool,
+    /// The variant declares a sparsity layout: the build kernel checks its entries and reports
+    /// the first one out of range in two words after the map (index + 1 and value; 0 when all
+    /// are in range).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layout: bool,
 }
 
 /// Whether `spec`'s mask needs a block map: it has parts the kernels cannot decide per tile from
 /// indices alone (tensor lookups, non-affine expressions).
 pub fn needs_block_map(spec: &VariantSpec) -> bool {
+    if spec.sparsity.is_some() {
+        return true;
+    }
     let Some(m) = &spec.mask else { return false };
     let plan = analyse_mask(spec, m);
     !plan.ranges.is_empty() || has_opaque(&plan.tree)
@@ -79,13 +87,15 @@ impl BlockMapPlan {
         if !needs_block_map(spec) {
             return None;
         }
-        let m = spec.mask.as_ref()?;
+        let reads = |v: Var| spec.mask.as_ref().is_some_and(|m| m.uses_var(v));
+        let sp = spec.sparsity;
         Some(BlockMapPlan {
             along_keys,
             tile_q,
             tile_k,
-            per_batch: m.uses_var(Var::B),
-            per_head: m.uses_var(Var::H),
+            per_batch: reads(Var::B) || sp.is_some_and(|s| s.per_batch),
+            per_head: reads(Var::H) || sp.is_some_and(|s| s.per_head),
+            layout: sp.is_some(),
         })
     }
 
@@ -119,9 +129,10 @@ impl BlockMapPlan {
         b * (if self.per_head { heads_q } else { 1 }) + h
     }
 
-    /// Words of the whole map.
+    /// Words of the whole map (with the two words of the layout check, see [`Self::layout`]).
     pub fn len(&self, batch: usize, heads_q: usize, seq_q: usize, seq_k: usize) -> usize {
         self.slots(batch, heads_q) * self.rows(seq_q, seq_k) * (self.cols(seq_q, seq_k) + 1)
+            + if self.layout { 2 } else { 0 }
     }
 
     /// A map is never empty of words (each row has its count); kept for clippy's `len` rule.
@@ -158,7 +169,6 @@ pub fn block_map_operand(role: Role) -> Operand {
 /// they leave undecided, every element) and writes the row's list.
 pub fn plan_block_map(spec: &VariantSpec, map: BlockMapPlan) -> Result<KernelPlan, PlanError> {
     let mask = spec.mask.as_ref().map(|m| analyse_mask(spec, m));
-    debug_assert!(mask.is_some(), "a block map is planned only for a mask");
     let config = map.build_config();
     let operands = vec![block_map_operand(Role::Output)];
     let scalars = [

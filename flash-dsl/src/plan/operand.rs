@@ -364,6 +364,7 @@ mod tests {
             mask: None,
             score: None,
             dropout: None,
+            sparsity: None,
         }
     }
 

@@ -15,6 +15,7 @@ fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
         mask,
         score: None,
         dropout: None,
+        sparsity: None,
     }
 }
 fn var(v: Var) -> Expr {
@@ -479,6 +480,80 @@ fn host_block_maps_are_exact() {
                 }
                 // Entries ascend.
                 assert!(listed.windows(2).all(|w| w[0].0 < w[1].0));
+            }
+        }
+    }
+}
+
+/// A declared layout: the planner keeps tiles inside its blocks, the map lists exactly the
+/// layout's blocks (ANDed with the mask), and the reference agrees element by element.
+#[test]
+fn sparsity_layouts_plan_and_map() {
+    let s = parse_one(
+        "pub B { head_dim: 64, dtype: bf16, params: { blocks: [i32; heads, seq / 128, 3] }, mask: causal, sparsity: blocks, }",
+    );
+    assert!(needs_block_map(&s));
+    let bad = TileConfig {
+        block_m: 192,
+        block_n: 128,
+        warps: 12,
+        stages: 2,
+        family: KernelFamily::Sm90,
+    };
+    assert_eq!(
+        config_is_valid(&s, &bad),
+        Err(PlanError::SparseTile {
+            block: 128,
+            block_m: 192,
+            block_n: 128
+        })
+    );
+    let m = BlockMapPlan::for_spec(&s, 64, 64, false).unwrap();
+    assert!(m.per_head && !m.per_batch && m.layout);
+    // 2 heads, 300 positions: 3 query blocks of 128 per head, 3 slots each.
+    let layout = vec![
+        0, -1, -1, 1, 0, 1, 2, -1, 0, /* head 1 */ -1, -1, -1, 0, 0, 0, 1, 2, 2,
+    ];
+    let pv = ParamValues::new(vec![crate::eval::ParamValue::IntTensor(layout.clone())]);
+    let words = host_block_map(&s, &m, &pv, 1, 2, 300, 300);
+    assert_eq!(words.len(), m.len(1, 2, 300, 300));
+    assert_eq!(
+        &words[words.len() - 2..],
+        &[0, 0],
+        "no layout error on the host"
+    );
+    let sizes = crate::eval::Sizes {
+        batch: 1,
+        heads: 2,
+        seq_q: 300,
+        seq_k: 300,
+    };
+    let env = crate::eval::Env::new(&s, &pv, sizes);
+    for h in 0..2usize {
+        for qt in 0..m.rows(300, 300) {
+            let listed = block_map::map_row(&words, &m, h, qt, 300, 300);
+            for kt in 0..m.cols(300, 300) {
+                let (qb, kb) = (qt * 64 / 128, kt * 64 / 128);
+                let row = &layout[(h * 3 + qb) * 3..(h * 3 + qb + 1) * 3];
+                let any = (qt * 64..(qt * 64 + 64).min(300)).any(|q| {
+                    (kt * 64..(kt * 64 + 64).min(300)).any(|k| {
+                        env.mask(&crate::eval::Point {
+                            b: 0,
+                            h: h as i64,
+                            q: q as i64,
+                            k: k as i64,
+                            s: 0.0,
+                        })
+                    })
+                });
+                let is_listed = listed.iter().any(|e| e.0 == kt);
+                assert_eq!(is_listed, any, "head {h} tile {qt},{kt}");
+                if is_listed {
+                    assert!(
+                        row.contains(&(kb as i64)),
+                        "a listed tile's block is in the layout"
+                    );
+                }
             }
         }
     }

@@ -93,8 +93,31 @@ pub enum PlanError {
         dqk: u32,
         dv: u32,
     },
+    #[error(
+        "the sparsity layout's blocks of {block} positions must be whole numbers of the kernel's tiles; got block_m {block_m}, block_n {block_n}"
+    )]
+    SparseTile {
+        block: u32,
+        block_m: u32,
+        block_n: u32,
+    },
     #[error("the backward pass has no {0:?} kernel; it runs on the Sm90 family (sm_90a, wgmma) and the Sm80 family (any GPU from sm_80)")]
     BackwardFamily(KernelFamily),
+}
+
+/// A declared sparsity layout decides whole tiles only when its block is a whole number of
+/// them (in both directions).
+pub fn sparse_tiles_fit(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    match spec.sparsity {
+        Some(sp) if sp.block % cfg.block_m != 0 || sp.block % cfg.block_n != 0 => {
+            Err(PlanError::SparseTile {
+                block: sp.block,
+                block_m: cfg.block_m,
+                block_n: cfg.block_n,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
@@ -188,6 +211,7 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
             return Err(PlanError::HeadDim { which, value });
         }
     }
+    sparse_tiles_fit(spec, cfg)?;
     if cfg.family == KernelFamily::Sm90Ws {
         if !matches!(cfg.block_m, 64 | 128) || cfg.warps != cfg.block_m / 16 + 4 {
             return Err(PlanError::Warpgroups {

@@ -144,6 +144,24 @@ pub(super) fn check_params(ps: &[ParamAst], errs: &mut Vec<Report>) -> Vec<Param
 
 fn check_dim(d: &DimAst, errs: &mut Vec<Report>) -> Dim {
     match d {
+        DimAst::Blocks(id, lit) => {
+            if id != "seq" {
+                errs.push(Report::at(
+                    id.span(),
+                    format!("only `seq` can be divided into blocks, like `seq / 128`; got `{id} / {lit}`"),
+                ));
+            }
+            match lit.base10_parse::<u32>() {
+                Ok(n) if n > 0 && lit.suffix().is_empty() => Dim::SeqBlocks(n),
+                _ => {
+                    errs.push(Report::spanned(
+                        lit,
+                        format!("a block size must be a positive plain integer; got `{lit}`"),
+                    ));
+                    Dim::SeqBlocks(1)
+                }
+            }
+        }
         DimAst::Named(id) => match id.to_string().as_str() {
             "batch" => Dim::Batch,
             "heads" => Dim::Heads,

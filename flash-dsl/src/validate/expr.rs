@@ -188,7 +188,7 @@ impl<'a> Checker<'a> {
                             Dim::Batch => "b",
                             Dim::Heads => "h",
                             Dim::Seq => "q",
-                            Dim::Fixed(_) => "0",
+                            Dim::Fixed(_) | Dim::SeqBlocks(_) => "0",
                         })
                         .collect();
                     self.err(
@@ -497,7 +497,7 @@ impl<'a> Checker<'a> {
                 Dim::Batch => &["b"],
                 Dim::Heads => &["h"],
                 Dim::Seq => &["q", "k"],
-                Dim::Fixed(_) => &[],
+                Dim::Fixed(_) | Dim::SeqBlocks(_) => &[],
             };
             if !want.is_empty() {
                 let got = plain_ident(ix);

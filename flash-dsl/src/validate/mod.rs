@@ -86,6 +86,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut mask_ast = None;
     let mut score_ast = None;
     let mut dropout_ast = None;
+    let mut sparsity_ast = None;
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
     for entry in &decl.entries {
@@ -118,6 +119,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("mask", Value::Expr(e)) => mask_ast = Some(e),
             ("score", Value::Expr(e)) => score_ast = Some(e),
             ("dropout", Value::Expr(e)) => dropout_ast = Some(e),
+            ("sparsity", Value::Expr(e)) => sparsity_ast = Some(e),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -241,6 +243,8 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         }
     }
 
+    let sparsity = sparsity_ast.and_then(|sv| check_sparsity(sv, &params, &mut errs));
+
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);
     }
@@ -258,6 +262,83 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         mask,
         score,
         dropout,
+        sparsity,
+    })
+}
+
+/// Block sizes must be whole numbers of the kernels' tiles (128 positions), so that a tile never
+/// straddles two blocks and the layout decides whole tiles.
+pub const SPARSITY_BLOCK_MULTIPLE: u32 = 128;
+
+/// `sparsity: blocks`, naming an `i32` tensor parameter `[(batch,) (heads,) seq / N, K]`.
+fn check_sparsity(
+    sv: &crate::ast::ExprValue,
+    params: &[crate::spec::ParamDecl],
+    errs: &mut Vec<Report>,
+) -> Option<crate::spec::Sparsity> {
+    use crate::spec::{Dim, ParamKind, ScalarTy, Sparsity};
+    let usage = "sparsity names an `i32` tensor parameter holding the key blocks of each query block, like `sparsity: blocks` with `params: { blocks: [i32; heads, seq / 128, 8] }`";
+    let name = match &sv.expr {
+        syn::Expr::Path(p) => p.path.get_ident().map(|i| i.to_string()),
+        _ => None,
+    };
+    let Some(name) = name else {
+        errs.push(Report::spanned(&sv.tokens, usage));
+        return None;
+    };
+    let Some(i) = params.iter().position(|d| d.name == name) else {
+        errs.push(Report::spanned(
+            &sv.tokens,
+            format!("unknown parameter `{name}`; {usage}"),
+        ));
+        return None;
+    };
+    let ParamKind::Tensor {
+        elem: ScalarTy::I32,
+        dims,
+    } = &params[i].kind
+    else {
+        errs.push(Report::spanned(
+            &sv.tokens,
+            format!("sparsity layout `{name}` must be an `i32` tensor; {usage}"),
+        ));
+        return None;
+    };
+    let (lead, rest) = dims.split_at(dims.len().saturating_sub(2));
+    let shape_ok = matches!(
+        lead,
+        [] | [Dim::Batch] | [Dim::Heads] | [Dim::Batch, Dim::Heads]
+    ) && matches!(rest, [Dim::SeqBlocks(_), Dim::Fixed(_)]);
+    if !shape_ok {
+        errs.push(Report::spanned(
+            &sv.tokens,
+            format!(
+                "sparsity layout `{name}` must have the dimensions `[(batch,) (heads,) seq / N, K]` (K key blocks per query block of N positions); it is declared `[{}]`",
+                dims.iter().map(|d| names::dim_name(*d)).collect::<Vec<_>>().join(", ")
+            ),
+        ));
+        return None;
+    }
+    let (&[Dim::SeqBlocks(block), Dim::Fixed(slots)], per_batch, per_head) =
+        (rest, lead.contains(&Dim::Batch), lead.contains(&Dim::Heads))
+    else {
+        unreachable!("checked above")
+    };
+    if block % SPARSITY_BLOCK_MULTIPLE != 0 {
+        errs.push(Report::spanned(
+            &sv.tokens,
+            format!(
+                "sparsity layout `{name}` has blocks of {block} positions; a block must be a multiple of {SPARSITY_BLOCK_MULTIPLE} (the kernels' tile), like `seq / 128`"
+            ),
+        ));
+        return None;
+    }
+    Some(Sparsity {
+        param: i,
+        block,
+        slots,
+        per_batch,
+        per_head,
     })
 }
 

@@ -5,7 +5,7 @@ use crate::spec::{Dim, Ty};
 
 /// The keys of a declaration body.
 pub const KEYS: &[&str] = &[
-    "head_dim", "dtype", "scale", "params", "mask", "score", "dropout",
+    "head_dim", "dtype", "scale", "params", "mask", "score", "dropout", "sparsity",
 ];
 /// Built-in variables of expressions.
 pub const VARIABLES: &[&str] = &["b", "h", "q", "k", "s", "seq_q", "seq_k"];
@@ -21,6 +21,7 @@ pub(super) fn dim_name(d: Dim) -> String {
         Dim::Heads => "heads".into(),
         Dim::Seq => "seq".into(),
         Dim::Fixed(n) => n.to_string(),
+        Dim::SeqBlocks(n) => format!("seq / {n}"),
     }
 }
 

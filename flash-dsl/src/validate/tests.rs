@@ -391,3 +391,73 @@ fn dropout_diagnostics_name_the_value_and_the_rule() {
     // Without dropout the name is free.
     assert_eq!(spec("params: { dropout_seed: i32 }").dropout, None);
 }
+
+#[test]
+fn sparsity_names_a_block_layout() {
+    let s = spec(
+        "params: { blocks: [i32; batch, heads, seq / 256, 6] }, mask: causal, sparsity: blocks,",
+    );
+    assert_eq!(
+        s.params[0].kind,
+        ParamKind::Tensor {
+            elem: ScalarTy::I32,
+            dims: vec![Dim::Batch, Dim::Heads, Dim::SeqBlocks(256), Dim::Fixed(6)]
+        }
+    );
+    let sp = s.sparsity.expect("a layout");
+    assert_eq!(
+        (sp.param, sp.block, sp.slots, sp.per_batch, sp.per_head),
+        (0, 256, 6, true, true)
+    );
+    let shared = spec("params: { blocks: [i32; seq / 128, 3] }, sparsity: blocks,");
+    let sp = shared.sparsity.unwrap();
+    assert_eq!(
+        (sp.block, sp.slots, sp.per_batch, sp.per_head),
+        (128, 3, false, false)
+    );
+}
+
+#[test]
+fn sparsity_diagnostics_name_the_value_and_the_rule() {
+    let has = |body: &str, want: &str| {
+        let e = errors(body);
+        assert!(e.iter().any(|m| m.contains(want)), "{body}: {e:?}");
+    };
+    has("sparsity: blocks,", "unknown parameter `blocks`");
+    has(
+        "params: { blocks: [f32; seq / 128, 4] }, sparsity: blocks,",
+        "must be an `i32` tensor",
+    );
+    has(
+        "params: { n: i32 }, sparsity: n,",
+        "must be an `i32` tensor",
+    );
+    has(
+        "params: { blocks: [i32; seq, 4] }, sparsity: blocks,",
+        "must have the dimensions `[(batch,) (heads,) seq / N, K]`",
+    );
+    has(
+        "params: { blocks: [i32; heads, batch, seq / 128, 4] }, sparsity: blocks,",
+        "it is declared `[heads, batch, seq / 128, 4]`",
+    );
+    has(
+        "params: { blocks: [i32; seq / 64, 4] }, sparsity: blocks,",
+        "blocks of 64 positions; a block must be a multiple of 128",
+    );
+    has(
+        "params: { blocks: [i32; seq / 128, 4] }, sparsity: blocks + 1,",
+        "sparsity names an `i32` tensor",
+    );
+    has(
+        "params: { blocks: [i32; heads / 128, 4] }, sparsity: blocks,",
+        "only `seq` can be divided into blocks",
+    );
+    has(
+        "params: { blocks: [i32; seq / 0, 4] }, sparsity: blocks,",
+        "a block size must be a positive plain integer",
+    );
+    has(
+        "params: { blocks: [i32; seq / 128, 4] }, sparsity: blocks, sparsity: blocks,",
+        "duplicate key `sparsity`",
+    );
+}

@@ -58,6 +58,7 @@ pub fn base(name: &str, d: u32, dtype: DType) -> VariantSpec {
         mask: None,
         score: None,
         dropout: None,
+        sparsity: None,
     }
 }
 
@@ -167,6 +168,25 @@ pub fn document() -> VariantSpec {
     }
 }
 
+pub fn bigbird() -> VariantSpec {
+    // sparsity: blocks, blocks: [i32; heads, seq / 128, 8]
+    VariantSpec {
+        params: vec![tensor(
+            "blocks",
+            ScalarTy::I32,
+            vec![Dim::Heads, Dim::SeqBlocks(128), Dim::Fixed(8)],
+        )],
+        sparsity: Some(flash_dsl::spec::Sparsity {
+            param: 0,
+            block: 128,
+            slots: 8,
+            per_batch: false,
+            per_head: true,
+        }),
+        ..base("BigBird", 128, DType::Bf16)
+    }
+}
+
 pub fn prefix_lm() -> VariantSpec {
     // causal || k < prefix
     VariantSpec {
@@ -212,6 +232,7 @@ pub fn dropout() -> VariantSpec {
 pub fn all() -> Vec<(&'static str, VariantSpec)> {
     vec![
         ("alibi", alibi()),
+        ("bigbird", bigbird()),
         ("causal", causal_spec()),
         ("dense", dense()),
         ("document", document()),

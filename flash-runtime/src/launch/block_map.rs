@@ -99,6 +99,53 @@ impl BlockMap {
     }
 }
 
+/// Reads the build kernel's report on the sparsity layout (two words after the map: the first
+/// out-of-range entry's flat index + 1 and its value) and turns a bad entry into an error that
+/// names its position, its value and the range. Synchronises the stream: a map is built once and
+/// reused, so the check costs one small copy per build.
+fn check_layout_report(
+    spec: &VariantSpec,
+    map: &BlockMap,
+    len: usize,
+    shape: ProblemShape,
+    rt: &Runtime,
+) -> Result<(), FlashError> {
+    let sp = spec
+        .sparsity
+        .expect("a layout map comes from a sparse variant");
+    let tail = rt
+        .stream
+        .clone_dtoh(&map.words.slice(len - 2..len))
+        .map_err(|e| driver("reading the layout check", e))?;
+    if tail[0] == 0 {
+        return Ok(());
+    }
+    let idx = (tail[0] - 1) as usize;
+    let n = sp.block as usize;
+    let blocks = shape.seq_q.max(shape.seq_k).div_ceil(n);
+    let (slot, mut row) = (idx % sp.slots as usize, idx / sp.slots as usize);
+    let qb = row % blocks;
+    row /= blocks;
+    let mut at = Vec::new();
+    if sp.per_head {
+        at.push(format!("head {}", row % shape.heads_q.max(1)));
+        row /= shape.heads_q.max(1);
+    }
+    if sp.per_batch {
+        at.insert(0, format!("batch {row}"));
+    }
+    at.push(format!("query block {qb}"));
+    at.push(format!("slot {slot}"));
+    Err(invalid(format!(
+        "sparsity layout `{}` at [{}] is {}; an entry must be -1 (unused) or a key block in 0..{} (seq_k {} in blocks of {n})",
+        spec.params[sp.param].name,
+        at.join(", "),
+        tail[1],
+        shape.seq_k.div_ceil(n),
+        shape.seq_k
+    )))
+}
+
 impl Runtime {
     /// Builds the block map `map` of `spec` for `shape` and `params` (the values its mask reads)
     /// on the runtime's stream: one launch of the generated build kernel.
@@ -157,6 +204,9 @@ impl Runtime {
         ];
         let launch = self.prepare_with(&kernel, &[op], params, &[], &preset)?;
         self.launch_checked(&launch)?;
+        if map.layout {
+            check_layout_report(spec, &out, len, shape, self)?;
+        }
         Ok(out)
     }
 

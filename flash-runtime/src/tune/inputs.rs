@@ -29,6 +29,15 @@ pub fn default_params(
             if flash_dsl::dropout::is_probability(spec, i) {
                 return ParamValue::Float(0.1); // a training-time dropout probability
             }
+            if let Some(sp) = spec.sparsity.filter(|sp| sp.param == i) {
+                // A BigBird-style layout: 3 local, 2 global, 3 random key blocks.
+                return ParamValue::IntTensor(flash_dsl::sparsity::bigbird_layout(
+                    &sp,
+                    sizes,
+                    (3, 2, 3),
+                    &mut rng,
+                ));
+            }
             match &decl.kind {
                 ParamKind::Scalar(ScalarTy::I32) => ParamValue::Int((sizes.seq_k / 4) as i64),
                 ParamKind::Scalar(ScalarTy::F32) => ParamValue::Float(30.0),

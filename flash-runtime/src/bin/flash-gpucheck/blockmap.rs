@@ -37,6 +37,14 @@ pub DocPerHead {
     params: { doc: [i32; heads, seq] },
     mask: causal && doc[h, q] == doc[h, k] && q - k < 700,
 }
+/// A block-sparse layout per batch row ANDed with a causal mask.
+pub SparseCausal {
+    head_dim: 64,
+    dtype: bf16,
+    params: { blocks: [i32; batch, seq / 256, 5] },
+    mask: causal,
+    sparsity: blocks,
+}
 "#;
 
 /// Document ids of one row of `n` positions in the style `layout`.
@@ -64,8 +72,20 @@ fn doc_row(layout: &str, n: usize, rng: &mut Rng) -> Vec<i64> {
     }
 }
 
-/// The doc tensor of `spec` at `sizes`: one row per leading index.
+/// The doc tensor of `spec` at `sizes`: one row per leading index (a sparsity layout for a
+/// variant that declares one: BigBird-style, holes in the "tiny" and "unsorted" styles).
 fn doc_params(spec: &VariantSpec, sizes: Sizes, layout: &str, rng: &mut Rng) -> ParamValues {
+    if let Some(sp) = spec.sparsity {
+        let mut v = flash_dsl::sparsity::bigbird_layout(&sp, sizes, (3, 2, 3), rng);
+        if matches!(layout, "tiny" | "unsorted") {
+            for x in v.iter_mut() {
+                if rng.below(3) == 0 {
+                    *x = -1;
+                }
+            }
+        }
+        return ParamValues::new(vec![ParamValue::IntTensor(v)]);
+    }
     let ParamKind::Tensor { dims, .. } = &spec.params[0].kind else {
         unreachable!("the map variants take one tensor")
     };
@@ -108,8 +128,11 @@ fn shape(batch: usize, heads_q: usize, seq_q: usize, seq_k: usize) -> ProblemSha
 }
 
 /// GPU maps against the host's; returns (checks, failures).
-pub fn check_maps(rt: &Runtime, document: &VariantSpec) -> (usize, usize) {
-    let mut specs = vec![with(document, 64, DType::Bf16)];
+pub fn check_maps(rt: &Runtime, document: &VariantSpec, bigbird: &VariantSpec) -> (usize, usize) {
+    let mut specs = vec![
+        with(document, 64, DType::Bf16),
+        with(bigbird, 64, DType::Bf16),
+    ];
     specs.extend(flash_dsl::parse::parse_str(MAP_VARIANTS).expect("the map variants parse"));
     let shapes = [
         shape(1, 1, 1, 1),
@@ -181,6 +204,37 @@ pub fn check_maps(rt: &Runtime, document: &VariantSpec) -> (usize, usize) {
                         }
                     }
                 }
+            }
+        }
+    }
+    // A layout entry out of range is an error naming its place and value, not a silent skip.
+    let spec = with(bigbird, 64, DType::Bf16);
+    let sp = spec.sparsity.expect("BigBird declares a layout");
+    let sh = shape(1, 3, 1000, 700);
+    let sizes = Sizes {
+        batch: 1,
+        heads: 3,
+        seq_q: 1000,
+        seq_k: 700,
+    };
+    for (at, bad) in [(8 * 5 + 2, 6i64), (8 * 8 * 2 + 1, -2)] {
+        n += 1;
+        let mut v = flash_dsl::sparsity::bigbird_layout(&sp, sizes, (3, 2, 3), &mut rng);
+        v[at] = bad;
+        let pv = ParamValues::new(vec![ParamValue::IntTensor(v)]);
+        let res = (|| {
+            let dp = upload_params(rt, &pv)?;
+            let args = param_args(rt, &spec, &pv, &dp);
+            let m = BlockMapPlan::for_spec(&spec, 128, 128, false).expect("a layout map");
+            rt.build_block_map(&spec, m, sh, &args).map(|_| ())
+        })();
+        match res {
+            Err(e) if e.to_string().contains(&format!("is {bad}")) => {
+                println!("ok   layout check: {e}");
+            }
+            other => {
+                fails += 1;
+                println!("FAIL layout check: entry {at} = {bad} gave {other:?}");
             }
         }
     }

@@ -39,6 +39,18 @@ pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamVa
             } else {
                 0.5 + rng.uniform()
             }),
+            ParamKind::Tensor { .. } if spec.sparsity.is_some_and(|sp| sp.param == i) => {
+                // A BigBird-style layout (2 local, 1 global, random blocks), a fifth of the
+                // slots then emptied: rows with few or no blocks, repeats, any order.
+                let sp = spec.sparsity.expect("checked");
+                let mut v = flash_dsl::sparsity::bigbird_layout(&sp, sizes, (2, 1, 4), rng);
+                for x in v.iter_mut() {
+                    if rng.below(5) == 0 {
+                        *x = -1;
+                    }
+                }
+                ParamValue::IntTensor(v)
+            }
             ParamKind::Tensor { elem, dims } => {
                 let n: usize = tensor_shape(dims, sizes).iter().product();
                 match elem {

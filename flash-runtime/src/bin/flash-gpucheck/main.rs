@@ -303,9 +303,9 @@ fn main() -> ExitCode {
     }
     let document = variants::example(&specs, "Document");
     if do_maps && do_check {
-        let (n, fails) = match &document {
-            Ok(doc) => blockmap::check_maps(&rt, doc),
-            Err(e) => {
+        let (n, fails) = match (&document, &variants::example(&specs, "BigBird")) {
+            (Ok(doc), Ok(bb)) => blockmap::check_maps(&rt, doc, bb),
+            (Err(e), _) | (_, Err(e)) => {
                 println!("FAIL maps: {e}");
                 (1, 1)
             }

@@ -137,7 +137,14 @@ pub fn timing(
             all.push(with(&get("Causal")?, d, dt));
         }
     }
-    for v in ["Softcap", "Alibi", "SlidingWindow", "Document", "PrefixLm"] {
+    for v in [
+        "Softcap",
+        "Alibi",
+        "SlidingWindow",
+        "Document",
+        "PrefixLm",
+        "BigBird",
+    ] {
         all.push(with(&get(v)?, 128, DType::Bf16));
     }
     let all: Vec<_> = all.into_iter().map(|s| (s, None)).collect();
@@ -186,6 +193,41 @@ pub fn timing(
                 "d": d, "n": n, "b": b, "h": h, "causal": true, "mode": "fwd", "ms": ms, "tflops": tf,
                 "density": dens}));
         }
+    }
+    // Block sparsity: the BigBird-style layout of the issue (blocks of 128; 3 local, 2 global,
+    // 3 random key blocks per query block), useful TFLOP/s beside the dense kernel's at the same
+    // shape (the layout's tiles are full, so that ratio is the efficiency per visited block).
+    let bigbird = with(&get("BigBird")?, 128, DType::Bf16);
+    let sp = bigbird.sparsity.expect("BigBird declares a layout");
+    for n in [4096usize, 16384] {
+        let b = 16384 / n;
+        let sizes = flash_dsl::eval::Sizes {
+            batch: b,
+            heads: h,
+            seq_q: n,
+            seq_k: n,
+        };
+        let layout = flash_dsl::sparsity::bigbird_layout(&sp, sizes, (3, 2, 3), &mut Rng(n as u64));
+        let dens = flash_dsl::sparsity::layout_density(&sp, sizes, &layout);
+        let pv = ParamValues::new(vec![ParamValue::IntTensor(layout)]);
+        let ms = time_one(rt, &mut bufs, &bigbird, &pv, b, n, h)?;
+        let tf = 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
+        let dense_tf = rows
+            .iter()
+            .find(|r| {
+                r["variant"] == "dense" && r["dtype"] == "bf16" && r["d"] == 128 && r["n"] == n
+            })
+            .and_then(|r| r["tflops"].as_f64())
+            .unwrap_or(f64::NAN);
+        println!(
+            "fwd d={d:3} n={n:6} b={b:3} h={h:3} bigbird128_l3g2r3  density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful; {:.2} of dense)",
+            tf / dense_tf
+        );
+        rows.push(
+            json!({"gpu": gpu, "backend": "flash", "variant": "bigbird128_l3g2r3", "dtype": "bf16",
+            "d": d, "n": n, "b": b, "h": h, "causal": false, "mode": "fwd", "ms": ms, "tflops": tf,
+            "density": dens, "of_dense": tf / dense_tf}),
+        );
     }
     // Compile latency: a fresh cache folder (cold NVRTC), then a second cache instance on the
     // same folder (disk hit), each through Runtime::load (plan + emit + cache + module load).
