@@ -132,7 +132,7 @@ impl NpyData {
 
 impl NpyArray {
     pub fn new(shape: Vec<usize>, data: NpyData) -> Result<NpyArray, FlashError> {
-        let n: usize = shape.iter().product();
+        let n = elements(&shape)?;
         if n != data.len() {
             return Err(bad(format!(
                 "shape {shape:?} has {n} elements; the data has {}",
@@ -178,16 +178,23 @@ impl NpyArray {
             ));
         }
         let shape = parse_shape(&dict_value(header, "shape")?)?;
-        let n: usize = shape.iter().product();
+        let n = elements(&shape)?;
         let body = &bytes[start + hlen..];
+        // The data must be exactly the shape's bytes: a short file is truncated, a longer one
+        // is not the array its header describes.
         let take = |size: usize| -> Result<&[u8], FlashError> {
-            body.get(..n * size).ok_or_else(|| {
+            let need = n.checked_mul(size).ok_or_else(|| {
                 bad(format!(
-                    "the .npy data holds {} bytes; shape {shape:?} of {size}-byte elements needs {}",
-                    body.len(),
-                    n * size
+                    "shape {shape:?} of {size}-byte elements needs more bytes than this machine can address"
                 ))
-            })
+            })?;
+            if body.len() != need {
+                return Err(bad(format!(
+                    "the .npy data holds {} bytes; shape {shape:?} of {size}-byte elements needs exactly {need}",
+                    body.len()
+                )));
+            }
+            Ok(body)
         };
         let data = match descr {
             "<f2" => NpyData::F16(chunks(take(2)?, u16::from_le_bytes)),
@@ -262,6 +269,18 @@ impl NpyArray {
     pub fn write(&self, path: &Path) -> Result<(), FlashError> {
         std::fs::write(path, self.to_bytes()).map_err(|e| FlashError::io("writing", path, e))
     }
+}
+
+/// The element count of `shape`, or an error naming it when the product overflows.
+fn elements(shape: &[usize]) -> Result<usize, FlashError> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            bad(format!(
+                "shape {shape:?} has more elements than this machine can address"
+            ))
+        })
 }
 
 fn chunks<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
@@ -383,7 +402,37 @@ mod tests {
         let mut b = a.to_bytes();
         b.truncate(b.len() - 1);
         let e = NpyArray::from_bytes(&b).unwrap_err().to_string();
-        assert!(e.contains("needs 8"), "{e}");
+        assert!(e.contains("needs exactly 8"), "{e}");
+        // Trailing bytes: the header does not describe this file.
+        let mut long = a.to_bytes();
+        long.push(0);
+        let e = NpyArray::from_bytes(&long).unwrap_err().to_string();
+        assert!(
+            e.contains("holds 9 bytes") && e.contains("needs exactly 8"),
+            "{e}"
+        );
+        // A shape whose product overflows is an error, in release and debug alike.
+        let bytes = a.to_bytes();
+        let at = bytes
+            .windows(4)
+            .position(|w| w == b"(2,)")
+            .expect("the shape");
+        let big = b"(4294967296, 4294967296, 4294967296)";
+        // Same header length: drop as many of the header's padding spaces (before its '\n').
+        let nl = bytes
+            .iter()
+            .position(|&c| c == b'\n')
+            .expect("the header's end");
+        let mut huge = bytes[..at].to_vec();
+        huge.extend_from_slice(big);
+        huge.extend_from_slice(&bytes[at + 4..nl - (big.len() - 4)]);
+        huge.extend_from_slice(&bytes[nl..]);
+        let e = NpyArray::from_bytes(&huge).unwrap_err().to_string();
+        assert!(
+            e.contains("more elements than this machine can address"),
+            "{e}"
+        );
+        assert!(NpyArray::new(vec![usize::MAX, 2], NpyData::U8(vec![])).is_err());
         let c = String::from_utf8_lossy(&a.to_bytes()).replace("False", "True ");
         assert!(NpyArray::from_bytes(c.as_bytes()).is_err());
     }

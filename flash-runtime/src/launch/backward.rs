@@ -134,33 +134,14 @@ impl Runtime {
         map: Option<&BlockMap>,
     ) -> Result<(), FlashError> {
         let det = opts.deterministic;
-        // The default follows the device's kernel family (the wgmma kernel on sm_90a, unless
-        // `FLASH_FAMILY=sm80`); a forced configuration must name a family the device runs.
-        let cfg = opts
-            .config
-            .unwrap_or_else(|| default_backward_config_for(spec, self.info.default_family));
-        self.require_family(&cfg)?;
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
             variant: spec.name.clone(),
             message: e.to_string(),
         };
-        backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
         let pre = self.load_kind((KernelKind::BackwardPre, det), spec, None, || {
             plan_backward_pre_with(spec, det).map_err(plan_err)
         })?;
-        let mut main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
-            plan_backward_main_with(spec, cfg, det).map_err(plan_err)
-        })?;
-        // A default whose kernel spills gives way to its narrower step (see
-        // `backward_fallback_config`); a forced configuration is used as given.
-        if opts.config.is_none() && main.compiled.resources.spills() {
-            if let Some(narrow) = backward_fallback_config(&cfg) {
-                main =
-                    self.load_kind((KernelKind::BackwardMain, det), spec, Some(narrow), || {
-                        plan_backward_main_with(spec, narrow, det).map_err(plan_err)
-                    })?;
-            }
-        }
+        let main = self.backward_main(spec, opts)?;
         let conv = self.load_kind((KernelKind::DqConvert, false), spec, None, || {
             plan_dq_convert(spec).map_err(plan_err)
         })?;
@@ -324,6 +305,39 @@ impl Runtime {
         drop(sem_buf);
         drop(owned_map);
         Ok(())
+    }
+
+    /// The backward main kernel `opts` select, loaded: the forced configuration, or the default
+    /// of the device's kernel family (the wgmma kernel on sm_90a, unless `FLASH_FAMILY=sm80`) —
+    /// which, when its kernel spills, gives way to its narrower step
+    /// (`backward_fallback_config`). The backward pass and [`Runtime::backward_block_map`]
+    /// resolve it the same way, so a prebuilt map fits the kernel that walks it.
+    pub(crate) fn backward_main(
+        &self,
+        spec: &VariantSpec,
+        opts: &BackwardOptions,
+    ) -> Result<std::sync::Arc<crate::build::LoadedKernel>, FlashError> {
+        let det = opts.deterministic;
+        let cfg = opts
+            .config
+            .unwrap_or_else(|| default_backward_config_for(spec, self.info.default_family));
+        self.require_family(&cfg)?;
+        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
+            variant: spec.name.clone(),
+            message: e.to_string(),
+        };
+        backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
+        let main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
+            plan_backward_main_with(spec, cfg, det).map_err(plan_err)
+        })?;
+        if opts.config.is_none() && main.compiled.resources.spills() {
+            if let Some(narrow) = backward_fallback_config(&cfg) {
+                return self.load_kind((KernelKind::BackwardMain, det), spec, Some(narrow), || {
+                    plan_backward_main_with(spec, narrow, det).map_err(plan_err)
+                });
+            }
+        }
+        Ok(main)
     }
 
     /// The typed backward pass of an `attention!` variant (see [`Runtime::backward_spec`]).

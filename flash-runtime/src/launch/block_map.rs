@@ -230,8 +230,8 @@ impl Runtime {
     }
 
     /// The block map the backward pass of `spec` with the main-kernel configuration `config`
-    /// (`None`: the default the backward pass would pick) walks for `shape`, or `None` when the
-    /// variant needs none.
+    /// (`None`: the one the backward pass would pick, its fallback for a spilling default
+    /// included) walks for `shape`, or `None` when the variant needs none.
     pub fn backward_block_map(
         &self,
         spec: &VariantSpec,
@@ -239,10 +239,15 @@ impl Runtime {
         shape: ProblemShape,
         params: &[ParamArg<'_>],
     ) -> Result<Option<BlockMap>, FlashError> {
-        let cfg = config.unwrap_or_else(|| {
-            flash_dsl::plan::default_backward_config_for(spec, self.info.default_family)
-        });
-        match BlockMapPlan::for_spec(spec, cfg.block_m, cfg.block_n, true) {
+        if !flash_dsl::plan::needs_block_map(spec) {
+            return Ok(None);
+        }
+        let opts = super::backward::BackwardOptions {
+            config,
+            deterministic: false,
+        };
+        let main = self.backward_main(spec, &opts)?;
+        match main.plan.block_map {
             Some(m) => Ok(Some(self.build_block_map(spec, m, shape, params)?)),
             None => Ok(None),
         }
