@@ -413,3 +413,34 @@ fn run_seed_flags_need_a_dropout_variant() {
     }
     assert!(!d.join("o.npy").exists() && !d.join("m.npy").exists());
 }
+
+/// `FLASH_FAMILY` picks the family where `--family` does not, for the CLI as for the runtime;
+/// `--family` wins; a bad value is an error naming it.
+#[test]
+fn flash_family_env_picks_the_family() {
+    let f = examples().join("causal.flash");
+    let plan = |env: Option<&str>, extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_flash"));
+        c.arg("plan").arg(&f).args(extra).env_remove("FLASH_FAMILY");
+        if let Some(v) = env {
+            c.env("FLASH_FAMILY", v);
+        }
+        c.output().unwrap()
+    };
+    let (out, _) = text(&plan(Some("sm90ws"), &[]));
+    assert!(out.contains("_sm90ws\""), "{out}");
+    let (out, _) = text(&plan(Some("sm90ws"), &["--family", "sm80"]));
+    assert!(!out.contains("_sm90"), "{out}");
+    let (out, _) = text(&plan(None, &[]));
+    assert!(
+        !out.contains("_sm90"),
+        "the CLI's default without the variable is sm80: {out}"
+    );
+    let o = plan(Some("hopper"), &[]);
+    let (_, err) = text(&o);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        err.contains("FLASH_FAMILY must be sm80, sm90 or sm90ws; got `hopper`"),
+        "{err}"
+    );
+}

@@ -27,10 +27,27 @@ pub struct VariantArgs {
     /// Override the tile configuration: `BLOCK_MxBLOCK_NxWARPSxSTAGES`, e.g. `128x64x4x2`.
     #[arg(long, value_parser = parse_tile)]
     pub tile: Option<TileOverride>,
-    /// Kernel skeleton: `sm80` (mma.sync, any GPU from sm_80) or `sm90` (wgmma, sm_90a only).
-    /// `compile` defaults to the fastest family of each `--arch`; the others to `sm80`.
+    /// Kernel skeleton: `sm80` (mma.sync, any GPU from sm_80), `sm90` (wgmma, sm_90a only) or
+    /// `sm90ws` (wgmma with a TMA producer warpgroup, persistent; sm_90a only). Without it the
+    /// `FLASH_FAMILY` environment variable (same values) decides; without either, `compile`
+    /// takes the fastest family of each `--arch` and the others `sm80`.
     #[arg(long, value_enum)]
     pub family: Option<FamilyArg>,
+}
+
+/// The family `FLASH_FAMILY` names, if it is set (the runtime reads the same variable).
+pub fn env_family() -> Result<Option<KernelFamily>, FlashError> {
+    match std::env::var("FLASH_FAMILY") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.as_str() {
+            "sm80" => Ok(Some(KernelFamily::Sm80)),
+            "sm90" => Ok(Some(KernelFamily::Sm90)),
+            "sm90ws" => Ok(Some(KernelFamily::Sm90Ws)),
+            other => Err(FlashError::Invalid(format!(
+                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
+            ))),
+        },
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,7 +164,10 @@ impl VariantArgs {
             variant: spec.name.clone(),
             message: e.to_string(),
         };
-        let family = self.family.map(KernelFamily::from).unwrap_or(family);
+        let family = match self.family {
+            Some(f) => KernelFamily::from(f),
+            None => env_family()?.unwrap_or(family),
+        };
         let mut cfg = flash_dsl::plan::default_config_for(spec, family);
         if let Some(t) = self.tile {
             t.apply(&mut cfg);
