@@ -68,14 +68,7 @@ pub struct BackwardGrads<'a> {
 }
 
 fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
-    OperandArg {
-        ptr,
-        len,
-        shape: None,
-        strides: Vec::new(),
-        elem: ElemType::F32,
-        ctx,
-    }
+    OperandArg::flat(ptr, len, ElemType::F32, ctx)
 }
 
 /// How to run the backward pass.
@@ -195,14 +188,7 @@ impl Runtime {
                     .map_err(|e| driver("allocating the dQ semaphores", e))?,
             );
             let (ptr, _sync) = buf.device_ptr_mut(&self.stream);
-            sem_ops.push(OperandArg {
-                ptr,
-                len: n_delta,
-                shape: None,
-                strides: Vec::new(),
-                elem: ElemType::I32,
-                ctx: me,
-            });
+            sem_ops.push(OperandArg::flat(ptr, n_delta, ElemType::I32, me));
         }
 
         // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.

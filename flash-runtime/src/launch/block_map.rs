@@ -86,16 +86,8 @@ impl BlockMap {
 
     /// The map as the operand of a kernel that reads it (its length was sized by the plan).
     pub(crate) fn operand(&self, rt: &Runtime) -> OperandArg {
-        let len = self.words.len();
         let (ptr, _sync) = self.words.device_ptr(&rt.stream);
-        OperandArg {
-            ptr,
-            len,
-            shape: None,
-            strides: Vec::new(),
-            elem: ElemType::I32,
-            ctx: ctx_id(&rt.ctx),
-        }
+        OperandArg::flat(ptr, self.words.len(), ElemType::I32, ctx_id(&rt.ctx))
     }
 }
 
@@ -187,14 +179,7 @@ impl Runtime {
         };
         let op = {
             let (ptr, _sync) = out.words.device_ptr_mut(&self.stream);
-            OperandArg {
-                ptr,
-                len,
-                shape: None,
-                strides: Vec::new(),
-                elem: ElemType::I32,
-                ctx: ctx_id(&self.ctx),
-            }
+            OperandArg::flat(ptr, len, ElemType::I32, ctx_id(&self.ctx))
         };
         let preset = [
             (Extent::Batch, shape.batch),

@@ -398,14 +398,12 @@ impl Runtime {
         }
         let buf = slot.as_mut().expect("just allocated");
         let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(buf, &self.stream);
-        Ok(OperandArg {
+        Ok(OperandArg::flat(
             ptr,
-            len: 1,
-            shape: None,
-            strides: Vec::new(),
-            elem: ElemType::I32,
-            ctx: tensor::ctx_id(&self.ctx),
-        })
+            1,
+            ElemType::I32,
+            tensor::ctx_id(&self.ctx),
+        ))
     }
 
     /// The spec of a macro-declared variant, parsed once.

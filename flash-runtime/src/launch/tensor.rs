@@ -251,15 +251,23 @@ impl From<&TensorDesc> for OperandArg {
     }
 }
 
-impl From<&LseMut<'_>> for OperandArg {
-    fn from(l: &LseMut<'_>) -> Self {
+impl OperandArg {
+    /// A flat buffer of `len` elements of `elem` at `ptr` (in the context `ctx`): its shape
+    /// comes from the extents the other operands bind (scratch, the LSE, block maps, counters).
+    pub(crate) fn flat(ptr: u64, len: usize, elem: ElemType, ctx: usize) -> OperandArg {
         OperandArg {
-            ptr: l.ptr,
-            len: l.len,
+            ptr,
+            len,
             shape: None,
             strides: Vec::new(),
-            elem: ElemType::F32,
-            ctx: l.ctx,
+            elem,
+            ctx,
         }
+    }
+}
+
+impl From<&LseMut<'_>> for OperandArg {
+    fn from(l: &LseMut<'_>) -> Self {
+        OperandArg::flat(l.ptr, l.len, ElemType::F32, l.ctx)
     }
 }
