@@ -88,24 +88,23 @@ fn block_map_builders_compile() {
     if !common::have_nvrtc("block_map_builders_compile") {
         return;
     }
-    let mut jobs = vec![];
+    // Each distinct (variant, map) once: families often share tile sizes.
+    let mut jobs: Vec<(flash_dsl::VariantSpec, BlockMapPlan)> = vec![];
     for spec in examples() {
         for family in [KernelFamily::Sm80, KernelFamily::Sm90, KernelFamily::Sm90Ws] {
             let f = default_config_for(&spec, family);
-            jobs.extend(
-                BlockMapPlan::for_spec(&spec, f.block_m, f.block_n, false)
-                    .map(|m| (spec.clone(), m)),
-            );
+            let mut maps = vec![BlockMapPlan::for_spec(&spec, f.block_m, f.block_n, false)];
             if family != KernelFamily::Sm90Ws {
                 let b = default_backward_config_for(&spec, family);
-                jobs.extend(
-                    BlockMapPlan::for_spec(&spec, b.block_m, b.block_n, true)
-                        .map(|m| (spec.clone(), m)),
-                );
+                maps.push(BlockMapPlan::for_spec(&spec, b.block_m, b.block_n, true));
+            }
+            for m in maps.into_iter().flatten() {
+                if !jobs.iter().any(|(s, j)| s == &spec && *j == m) {
+                    jobs.push((spec.clone(), m));
+                }
             }
         }
     }
-    jobs.dedup();
     assert!(
         jobs.len() >= 4,
         "the Document example needs maps: {}",
