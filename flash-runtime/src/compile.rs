@@ -28,6 +28,20 @@ pub struct CompileOptions {
 }
 
 impl CompileOptions {
+    /// Options for `arch` with no extra NVRTC flags. The architecture is checked when compiling
+    /// (it must look like `sm_80` or `sm_90a`: CUBIN needs a real architecture, not
+    /// `compute_XX`).
+    ///
+    /// ```
+    /// use flash_runtime::CompileOptions;
+    ///
+    /// let mut opts = CompileOptions::new("sm_90a");
+    /// opts.extra.push("-lineinfo".into());
+    /// let args = opts.nvrtc_args();
+    /// assert_eq!(args[0], "--gpu-architecture=sm_90a");
+    /// assert!(args.contains(&"-std=c++17".to_string()));
+    /// assert_eq!(args.last().unwrap(), "-lineinfo"); // extras come after the fixed options
+    /// ```
     pub fn new(arch: impl Into<String>) -> Self {
         CompileOptions {
             arch: arch.into(),
@@ -68,8 +82,11 @@ impl CompileOptions {
 /// What ptxas reported for the kernel (the entry point; device functions are inlined).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Resources {
+    /// Registers per thread; with the block size this bounds how many blocks fit on an SM.
     pub registers: u32,
+    /// Bytes of per-thread spill stores to local memory (non-zero means register pressure).
     pub spill_stores: u32,
+    /// Bytes of per-thread spill loads from local memory.
     pub spill_loads: u32,
     /// Bytes of per-thread stack frame.
     pub stack_frame: u32,
@@ -80,6 +97,23 @@ pub struct Resources {
 impl Resources {
     /// Parses the `ptxas info` lines of an NVRTC log. Where the log holds several functions, the
     /// figures of `kernel` are taken when its name appears, else the maxima over all functions.
+    /// Lines it does not recognise are ignored, so a log without `ptxas` output gives zeros.
+    ///
+    /// ```
+    /// use flash_runtime::Resources;
+    ///
+    /// let log = "\
+    /// ptxas info    : Compiling entry function 'flash_fwd' for 'sm_90a'
+    /// ptxas info    : Function properties for flash_fwd
+    ///     0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+    /// ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+    /// ";
+    /// let r = Resources::parse_log(log, "flash_fwd");
+    /// assert_eq!(r.registers, 168);
+    /// assert_eq!(r.smem_static, 1024);
+    /// assert!(r.spills());
+    /// assert_eq!(Resources::parse_log("", "flash_fwd"), Resources::default());
+    /// ```
     pub fn parse_log(log: &str, kernel: &str) -> Resources {
         // ptxas prints, per function:
         //   ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90a'
@@ -162,9 +196,12 @@ pub struct CompiledKernel {
     pub cubin: Vec<u8>,
     /// NVRTC's log of the compile (ptxas `-v` lines included).
     pub log: String,
+    /// Registers, spills, stack and static shared memory of the entry point, parsed from `log`.
     pub resources: Resources,
     /// Wall time of the NVRTC compile, in milliseconds.
     pub compile_ms: f64,
+    /// The architecture the CUBIN is for (`CompileOptions::arch`); a module only loads on a
+    /// device of that architecture.
     pub arch: String,
 }
 
@@ -184,7 +221,34 @@ fn cstring(s: &str, what: &str) -> Result<CString, FlashError> {
 
 /// Compiles `src` for `opts.arch` without any cache, logging one `tracing` line with
 /// `cache = "off"`. Errors: [`FlashError::LibraryNotFound`] without NVRTC,
-/// [`FlashError::Compile`] (with NVRTC's whole log) when the source does not compile.
+/// [`FlashError::Compile`] (with NVRTC's whole log) when the source does not compile,
+/// [`FlashError::Invalid`] for an architecture that is not `sm_XY[a|f]`. Needs NVRTC, no GPU.
+///
+/// ```
+/// use flash_dsl::CudaSource;
+/// use flash_runtime::{compile, CompileOptions, FlashError};
+///
+/// let src = CudaSource {
+///     kernel_name: "add_one".into(),
+///     source: r#"extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }"#.into(),
+///     headers: vec![],
+///     smem_bytes: 0,
+///     threads: 32,
+/// };
+/// match compile(&src, &CompileOptions::new("sm_80")) {
+///     Ok(k) => {
+///         assert_eq!(&k.cubin[..4], b"\x7fELF"); // a CUBIN is an ELF image
+///         assert_eq!(k.arch, "sm_80");
+///         assert!(k.resources.registers > 0);
+///     }
+///     // Machines without NVRTC (set FLASH_NVRTC_PATH to point at it) get a typed error.
+///     Err(FlashError::LibraryNotFound { lib, .. }) => assert_eq!(lib, "nvrtc"),
+///     Err(e) => panic!("{e}"),
+/// }
+/// // A virtual architecture is refused before NVRTC is even looked for.
+/// let err = compile(&src, &CompileOptions::new("compute_90")).unwrap_err();
+/// assert!(matches!(err, FlashError::Invalid(_)));
+/// ```
 pub fn compile(src: &CudaSource, opts: &CompileOptions) -> Result<CompiledKernel, FlashError> {
     let k = compile_uncached(src, opts)?;
     tracing::info!(variant = %k.kernel_name, arch = %k.arch, ms = k.compile_ms, cache = "off", "compiled");

@@ -12,12 +12,16 @@ fn invalid(msg: impl Into<String>) -> FlashError {
 /// The device a [`Runtime`](crate::Runtime) runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
+    /// The CUDA device ordinal (`0` for the first GPU), as passed to `CudaContext::new`.
     pub ordinal: usize,
+    /// The device's marketing name as the driver reports it (e.g. `NVIDIA H100 80GB HBM3`).
     pub name: String,
+    /// `(major, minor)`, e.g. `(9, 0)` for Hopper, `(8, 0)` for A100.
     pub compute_capability: (i32, i32),
     /// NVRTC target: `sm_90a` on Hopper (kernels may use sm_90a-only instructions), `sm_XY`
     /// elsewhere.
     pub arch: String,
+    /// Number of streaming multiprocessors; persistent kernels size their grid by it.
     pub sm_count: u32,
     /// Dynamic shared memory a block may opt into (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`).
     pub max_smem_optin: u32,

@@ -25,7 +25,12 @@ pub enum FlashError {
 
     /// NVRTC rejected a kernel; `log` is NVRTC's whole log.
     #[error("nvrtc failed to compile kernel `{kernel}`:\n{log}")]
-    Compile { kernel: String, log: String },
+    Compile {
+        /// The kernel's name (`CudaSource::kernel_name`).
+        kernel: String,
+        /// NVRTC's program log, verbatim (errors and warnings with line numbers).
+        log: String,
+    },
 
     /// An NVRTC call other than the compilation itself failed.
     #[error("nvrtc: {0}")]
@@ -38,8 +43,12 @@ pub enum FlashError {
     /// A file system operation failed.
     #[error("{op} {}: {source}", path.display())]
     Io {
+        /// What was being done, as a verb (`reading`, `writing`, `creating`, ...); the message reads
+        /// `{op} {path}: {source}`.
         op: &'static str,
+        /// The file or directory it was done to.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -51,7 +60,12 @@ pub enum FlashError {
 
     /// The planner rejected a variant/configuration pair.
     #[error("cannot plan `{variant}`: {message}")]
-    Plan { variant: String, message: String },
+    Plan {
+        /// The variant's name.
+        variant: String,
+        /// Why the planner refused it (e.g. a tile that does not fit shared memory).
+        message: String,
+    },
 
     /// A caller passed something the runtime cannot use.
     #[error("{0}")]

@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use crate::error::FlashError;
 use crate::ffi::{self, dlopen_global};
 
-/// Where a library was found, and which NVRTC version it is.
+/// Where a library was found and loaded from (see the module doc for the search order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadedLib {
     /// Absolute path, or the bare name the dynamic loader resolved.
@@ -301,16 +301,27 @@ pub fn ensure_driver() -> Result<LoadedLib, FlashError> {
 /// One visible GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
+    /// The CUDA device ordinal (`cuDeviceGet`'s index), as [`Runtime::new`](crate::Runtime::new) takes it.
     pub ordinal: i32,
+    /// The driver's name for the device (`unknown` when it would not say).
     pub name: String,
     /// Compute capability `(major, minor)`.
     pub compute_capability: (i32, i32),
+    /// Global memory of the device, in bytes.
     pub total_mem_bytes: usize,
 }
 
 impl GpuInfo {
     /// The NVRTC architecture to compile for: the `a` variant on Hopper (`sm_90a`, which enables
     /// wgmma/TMA), the plain one elsewhere.
+    ///
+    /// ```
+    /// use flash_runtime::libs::GpuInfo;
+    ///
+    /// let gpu = |cc| GpuInfo { ordinal: 0, name: "gpu".into(), compute_capability: cc, total_mem_bytes: 0 };
+    /// assert_eq!(gpu((9, 0)).arch(), "sm_90a");
+    /// assert_eq!(gpu((8, 6)).arch(), "sm_86");
+    /// ```
     pub fn arch(&self) -> String {
         let (maj, min) = self.compute_capability;
         if (maj, min) == (9, 0) {
@@ -328,11 +339,25 @@ pub enum GpuProbe {
     NoDriver(String),
     /// The driver loaded but reports no usable device (the message is the driver's reason).
     NoDevice(String),
+    /// The visible devices, in ordinal order (never empty).
     Devices(Vec<GpuInfo>),
 }
 
 /// Looks for GPUs without ever panicking: a machine with no driver or no device gets a value
-/// saying so.
+/// saying so (`flash info` prints it).
+///
+/// ```
+/// use flash_runtime::libs::{probe_gpus, GpuProbe};
+///
+/// match probe_gpus() {
+///     GpuProbe::Devices(gpus) => {
+///         assert!(!gpus.is_empty());
+///         assert!(gpus.iter().all(|g| g.arch().starts_with("sm_")));
+///     }
+///     // No driver, or a driver without a usable device: a message, not a panic.
+///     GpuProbe::NoDriver(why) | GpuProbe::NoDevice(why) => assert!(!why.is_empty()),
+/// }
+/// ```
 pub fn probe_gpus() -> GpuProbe {
     use cudarc::driver::result;
     if let Err(e) = ensure_driver() {

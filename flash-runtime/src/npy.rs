@@ -8,6 +8,7 @@
 //! | `<V2`, `|V2`, `bfloat16`, `<bf16` | bfloat16 bits. `np.save` of an `ml_dtypes.bfloat16` array writes `'<V2'` (the dtype is not a NumPy builtin); load such a file with `np.load(f).view(ml_dtypes.bfloat16)` |
 //! | `<f4`, `<f8`                   | float32, float64                                          |
 //! | `<i4`, `<i8`                   | int32, int64                                              |
+//! | `|u1`, `<u1`                   | uint8 (dropout keep masks)                                |
 //!
 //! Written files use version 1.0 (2.0 when the header does not fit), with the header padded so
 //! the data starts at a multiple of 64 bytes, as NumPy does. bf16 is written as `'<V2'`.
@@ -19,12 +20,17 @@ use crate::error::FlashError;
 /// Element data of an array, in C order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum NpyData {
+    /// IEEE half bits (`<f2`), kept as bits so a round trip is exact.
     F16(Vec<u16>),
     /// bfloat16 bits.
     Bf16(Vec<u16>),
+    /// float32 (`<f4`).
     F32(Vec<f32>),
+    /// float64 (`<f8`).
     F64(Vec<f64>),
+    /// int32 (`<i4`).
     I32(Vec<i32>),
+    /// int64 (`<i8`).
     I64(Vec<i64>),
     /// uint8 (dropout masks: 1 = kept).
     U8(Vec<u8>),
@@ -33,7 +39,9 @@ pub enum NpyData {
 /// An n-dimensional array read from or written to a `.npy` file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NpyArray {
+    /// Dimensions, outermost first (C order); `[]` is a scalar. Their product is `data.len()`.
     pub shape: Vec<usize>,
+    /// The elements in C (row-major) order, typed by the file's `descr`.
     pub data: NpyData,
 }
 
@@ -42,6 +50,7 @@ fn bad(msg: impl Into<String>) -> FlashError {
 }
 
 impl NpyData {
+    /// Number of elements (not bytes).
     pub fn len(&self) -> usize {
         match self {
             NpyData::F16(v) | NpyData::Bf16(v) => v.len(),
@@ -52,6 +61,7 @@ impl NpyData {
             NpyData::U8(v) => v.len(),
         }
     }
+    /// Whether there are no elements (a shape with a zero dimension).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -131,6 +141,16 @@ impl NpyData {
 }
 
 impl NpyArray {
+    /// An array of `shape` holding `data`; an error when the shape's element count is not
+    /// `data.len()` (or overflows `usize`).
+    ///
+    /// ```
+    /// use flash_runtime::npy::{NpyArray, NpyData};
+    ///
+    /// let a = NpyArray::new(vec![2, 3], NpyData::F32(vec![0.0; 6])).unwrap();
+    /// assert_eq!(a.data.len(), 6);
+    /// assert!(NpyArray::new(vec![2, 2], NpyData::F32(vec![0.0; 6])).is_err());
+    /// ```
     pub fn new(shape: Vec<usize>, data: NpyData) -> Result<NpyArray, FlashError> {
         let n = elements(&shape)?;
         if n != data.len() {
@@ -142,7 +162,9 @@ impl NpyArray {
         Ok(NpyArray { shape, data })
     }
 
-    /// Parses the bytes of a `.npy` file.
+    /// Parses the bytes of a `.npy` file. Errors ([`FlashError::Invalid`]) for a missing magic,
+    /// an unsupported version or element type, Fortran order, and data that is not exactly the
+    /// shape's size (short or long).
     pub fn from_bytes(bytes: &[u8]) -> Result<NpyArray, FlashError> {
         if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
             return Err(bad("not a .npy file (no \\x93NUMPY magic)"));
@@ -213,7 +235,18 @@ impl NpyArray {
         Ok(NpyArray { shape, data })
     }
 
-    /// The bytes of a `.npy` file holding this array.
+    /// The bytes of a `.npy` file holding this array (see the module doc for the header layout);
+    /// [`from_bytes`](Self::from_bytes) reads them back unchanged.
+    ///
+    /// ```
+    /// use flash_runtime::npy::{NpyArray, NpyData};
+    ///
+    /// let a = NpyArray::new(vec![2, 2], NpyData::I64(vec![1, 2, 3, 4])).unwrap();
+    /// let bytes = a.to_bytes();
+    /// assert_eq!(&bytes[..6], b"\x93NUMPY");
+    /// assert_eq!(NpyArray::from_bytes(&bytes).unwrap(), a);
+    /// assert!(NpyArray::from_bytes(&bytes[..bytes.len() - 1]).is_err()); // truncated data
+    /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
         let shape = match self.shape.len() {
             1 => format!("({},)", self.shape[0]),
@@ -261,11 +294,28 @@ impl NpyArray {
         out
     }
 
+    /// Reads and parses the `.npy` file at `path`; a parse error's message starts with the path.
+    ///
+    /// ```
+    /// use flash_runtime::npy::{NpyArray, NpyData};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("q.npy");
+    /// // bfloat16 bits of 1.0 and -2.0; written as '<V2', as NumPy does for ml_dtypes.bfloat16.
+    /// let q = NpyArray::new(vec![1, 2], NpyData::Bf16(vec![0x3f80, 0xc000])).unwrap();
+    /// q.write(&path).unwrap();
+    /// let back = NpyArray::read(&path).unwrap();
+    /// assert_eq!(back, q);
+    /// assert_eq!(back.data.to_f64(), vec![1.0, -2.0]);
+    /// assert!(NpyArray::read(&dir.path().join("missing.npy")).is_err());
+    /// ```
     pub fn read(path: &Path) -> Result<NpyArray, FlashError> {
         let bytes = std::fs::read(path).map_err(|e| FlashError::io("reading", path, e))?;
         NpyArray::from_bytes(&bytes).map_err(|e| bad(format!("{}: {e}", path.display())))
     }
 
+    /// Writes the array to `path` as a `.npy` file ([`to_bytes`](Self::to_bytes)), replacing
+    /// any existing file.
     pub fn write(&self, path: &Path) -> Result<(), FlashError> {
         std::fs::write(path, self.to_bytes()).map_err(|e| FlashError::io("writing", path, e))
     }

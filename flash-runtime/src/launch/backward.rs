@@ -34,6 +34,8 @@ pub struct LseRef<'a> {
 }
 
 impl<'a> LseRef<'a> {
+    /// The LSE view of all of `slice` (the buffer the forward's [`LseMut`](super::LseMut)
+    /// wrote); its length is checked against the problem at launch.
     pub fn new(slice: &'a CudaSlice<f32>, stream: &cudarc::driver::CudaStream) -> Self {
         let (ptr, _sync) = slice.device_ptr(stream);
         LseRef {
@@ -49,11 +51,17 @@ impl<'a> LseRef<'a> {
 /// layout as O).
 #[derive(Debug, Clone, Copy)]
 pub struct BackwardInputs<'a> {
+    /// The forward's Q, `[batch, seq_q, heads_q, d_qk]`.
     pub q: TensorRef<'a>,
+    /// The forward's K, `[batch, seq_k, heads_kv, d_qk]`.
     pub k: TensorRef<'a>,
+    /// The forward's V, `[batch, seq_k, heads_kv, d_v]`.
     pub v: TensorRef<'a>,
+    /// The forward's output O, `[batch, seq_q, heads_q, d_v]`.
     pub o: TensorRef<'a>,
+    /// The gradient of the loss with respect to O (layout of O).
     pub d_o: TensorRef<'a>,
+    /// The forward's log-sum-exp, `[batch, heads_q, seq_q]` f32.
     pub lse: LseRef<'a>,
 }
 
@@ -61,9 +69,14 @@ pub struct BackwardInputs<'a> {
 /// gradient of each `f32` parameter the score depends on (`None`: not wanted; scalars get a
 /// one-element buffer). Parameter gradients are overwritten, not accumulated into.
 pub struct BackwardGrads<'a> {
+    /// Gradient of Q (layout of Q); accumulated in fp32 scratch, then converted.
     pub dq: TensorMut<'a>,
+    /// Gradient of K (layout of K), summed over the query heads of each KV group.
     pub dk: TensorMut<'a>,
+    /// Gradient of V (layout of V), summed over the query heads of each KV group.
     pub dv: TensorMut<'a>,
+    /// One slot per variant parameter, by index: a buffer for the gradient of an `f32`
+    /// parameter the score depends on, or `None` where it is not wanted.
     pub dparams: Vec<Option<&'a mut CudaSlice<f32>>>,
 }
 

@@ -15,7 +15,10 @@ use crate::variant::ParamArg;
 /// The argument struct of one launch, as bytes, and the device regions of its tensor params
 /// (`(name, address, bytes)`) that the caller still has to check with the driver.
 pub struct Packed {
+    /// The kernel's argument struct, `plan.args.total_size` bytes, passed by value at launch.
     pub bytes: Vec<u8>,
+    /// `(param name, device address, bytes)` of every tensor param, to be checked with the
+    /// driver (one allocation, on the runtime's device) before the launch.
     pub param_regions: Vec<(String, u64, usize)>,
 }
 

@@ -11,17 +11,32 @@ use flash_dsl::spec::DType;
 /// Element type of a device buffer as the caller declared it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemType {
+    /// bfloat16 (`CudaSlice<half::bf16>`).
     Bf16,
+    /// IEEE half (`CudaSlice<half::f16>`).
     F16,
     /// Untyped 16-bit elements (`CudaSlice<u16>` holding bf16 or f16 bits): accepted for either
     /// 16-bit dtype; the caller vouches for the interpretation.
     Bits16,
+    /// float32: the LSE, the backward's scratch (`delta`, the dQ accumulator), `f32`
+    /// parameter gradients.
     F32,
+    /// int32: block maps, the deterministic backward's semaphores and the persistent kernels'
+    /// work counter.
     I32,
 }
 
 impl ElemType {
     /// Whether buffers of this type can feed a variant of `dtype`.
+    ///
+    /// ```
+    /// use flash_dsl::DType;
+    /// use flash_runtime::launch::ElemType;
+    ///
+    /// assert!(ElemType::Bf16.matches(DType::Bf16));
+    /// assert!(!ElemType::F16.matches(DType::Bf16));
+    /// assert!(ElemType::Bits16.matches(DType::F16)); // raw u16 bits fit either 16-bit dtype
+    /// ```
     pub fn matches(self, dtype: DType) -> bool {
         self.matches_operand(OperandType::Storage(dtype))
     }
@@ -43,6 +58,7 @@ impl ElemType {
             ElemType::F32 | ElemType::I32 => 4,
         }
     }
+    /// The short name error messages use (`bf16`, `f16`, `u16`, `f32`, `i32`).
     pub fn name(self) -> &'static str {
         match self {
             ElemType::Bf16 => "bf16",
@@ -56,6 +72,8 @@ impl ElemType {
 
 /// Host element types whose device buffers can be used as Q/K/V/O.
 pub trait TensorElem: Copy + 'static {
+    /// The element type recorded in a [`TensorDesc`] built over a `CudaSlice<Self>`, checked
+    /// against the operand's type at launch.
     const ELEM: ElemType;
 }
 impl TensorElem for half::bf16 {
@@ -81,15 +99,25 @@ pub struct TensorDesc {
     pub ptr: u64,
     /// Elements available from `ptr` (the buffer's length).
     pub len: usize,
+    /// Extents, e.g. Q `[batch, seq_q, heads_q, d_qk]` (see the [`launch`](crate::launch)
+    /// module doc for every operand's layout).
     pub shape: [usize; 4],
     /// Strides in elements.
     pub strides: [i64; 4],
+    /// The element type of the buffer, from the `CudaSlice`'s type.
     pub elem: ElemType,
     /// The context the buffer was allocated in.
     pub(crate) ctx: usize,
 }
 
-/// Row-major strides of a contiguous `shape`.
+/// Row-major strides of a contiguous `shape`, in elements.
+///
+/// ```
+/// use flash_runtime::launch::contiguous_strides;
+///
+/// // Q of [batch, seq_q, heads_q, d_qk] = [2, 128, 8, 64]
+/// assert_eq!(contiguous_strides([2, 128, 8, 64]), [128 * 8 * 64, 8 * 64, 64, 1]);
+/// ```
 pub fn contiguous_strides(shape: [usize; 4]) -> [i64; 4] {
     let mut s = [1i64; 4];
     for i in (0..3).rev() {
@@ -109,6 +137,7 @@ impl TensorDesc {
 /// A read-only device tensor borrowed from a `CudaSlice`.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorRef<'a> {
+    /// Pointer, shape, strides and element type; checked against the plan at launch.
     pub desc: TensorDesc,
     _borrow: PhantomData<&'a ()>,
 }
@@ -116,6 +145,7 @@ pub struct TensorRef<'a> {
 /// A device tensor the kernel writes, mutably borrowed from a `CudaSlice`.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
+    /// Pointer, shape, strides and element type; checked against the plan at launch.
     pub desc: TensorDesc,
     _borrow: PhantomData<&'a mut ()>,
 }
@@ -211,6 +241,7 @@ pub struct LseMut<'a> {
 }
 
 impl<'a> LseMut<'a> {
+    /// The LSE view of all of `slice`; its length is checked against the problem at launch.
     pub fn new(slice: &'a mut CudaSlice<f32>, stream: &CudaStream) -> Self {
         let ctx = ctx_id(slice.context());
         let len = slice.len();
@@ -229,11 +260,15 @@ impl<'a> LseMut<'a> {
 /// comes from the plan and whose length is checked against it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperandArg {
+    /// Device address of the first element.
     pub ptr: u64,
     /// Elements available from `ptr`.
     pub len: usize,
+    /// Extents of a strided tensor; `None` for a flat buffer.
     pub shape: Option<Vec<usize>>,
+    /// Strides in elements, one per `shape` dimension; empty for a flat buffer.
     pub strides: Vec<i64>,
+    /// The element type of the buffer, checked against the operand's type.
     pub elem: ElemType,
     pub(crate) ctx: usize,
 }

@@ -63,7 +63,9 @@ pub fn backward_candidates(spec: &VariantSpec, family: KernelFamily) -> Vec<Tile
 /// What a backward tuning measured.
 #[derive(Debug, Clone)]
 pub struct BackwardTuneReport {
+    /// The record remembered for the backward main kernel (its key's `pass` is `bwd`).
     pub record: TuneRecord,
+    /// Where the record was written (`None` for a memory-only cache).
     pub record_path: Option<PathBuf>,
     /// Each candidate: median milliseconds, or why it was dropped.
     pub candidates: Vec<(TileConfig, Result<f64, String>)>,

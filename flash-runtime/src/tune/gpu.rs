@@ -51,7 +51,9 @@ pub struct GpuTimer<'r> {
     reference: Option<Vec<f32>>,
     /// The float64 check every candidate passes on a small odd-sized problem.
     spot: Option<Box<SpotCheck<'r>>>,
+    /// Untimed launches before each timing (default 3): first-launch costs and clocks settle.
     pub warmup: usize,
+    /// Timed launches whose median is a candidate's time (default 15).
     pub iters: usize,
 }
 

@@ -43,6 +43,7 @@ pub struct ShapeBucket {
 }
 
 impl ShapeBucket {
+    /// The bucket of a problem: each size rounded up with [`pow2_bucket`].
     pub fn of(shape: &ProblemShape) -> ShapeBucket {
         ShapeBucket {
             seq_q: pow2_bucket(shape.seq_q),
@@ -67,6 +68,7 @@ fn hex(b: &[u8]) -> String {
 /// What a record is valid for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TuneKey {
+    /// [`spec_hash`] of the variant: a changed declaration never reuses an old record.
     pub spec_hash: String,
     /// The GPU's name as the driver reports it (`NVIDIA H200`).
     pub gpu: String,
@@ -76,6 +78,7 @@ pub struct TuneKey {
     pub nvrtc: String,
     /// [`flash_dsl::GENERATOR_VERSION`].
     pub generator: String,
+    /// The shapes the record covers.
     pub bucket: ShapeBucket,
     /// Which pass the record tunes: empty for the forward kernel (so forward keys, and the
     /// file names derived from them, are what they were), `bwd` for the backward main kernel.
@@ -84,6 +87,27 @@ pub struct TuneKey {
 }
 
 impl TuneKey {
+    /// The forward-pass key of `spec` on a GPU named `gpu` compiling for `arch` with NVRTC
+    /// `(major, minor)`, for `shape`'s bucket. Shapes in the same bucket share a key.
+    ///
+    /// ```
+    /// use flash_runtime::tune::{ShapeBucket, TuneKey};
+    /// use flash_runtime::ProblemShape;
+    ///
+    /// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
+    ///     .unwrap()
+    ///     .remove(0);
+    /// let shape = ProblemShape { batch: 2, seq_q: 1000, seq_k: 1000, heads_q: 16, heads_kv: 4 };
+    /// let key = TuneKey::new(&spec, "NVIDIA H200", "sm_90a", (13, 0), &shape);
+    /// assert_eq!(key.bucket, ShapeBucket { seq_q: 1024, seq_k: 1024, batch_heads: 32, group: 4 });
+    /// assert_eq!(key.nvrtc, "13.0");
+    /// assert_eq!(key.file_stem().len(), 32);
+    ///
+    /// let same_bucket = ProblemShape { seq_q: 600, ..shape };
+    /// assert_eq!(TuneKey::new(&spec, "NVIDIA H200", "sm_90a", (13, 0), &same_bucket), key);
+    /// let other_gpu = TuneKey::new(&spec, "NVIDIA H100 80GB HBM3", "sm_90a", (13, 0), &shape);
+    /// assert_ne!(other_gpu.file_stem(), key.file_stem());
+    /// ```
     pub fn new(
         spec: &VariantSpec,
         gpu: &str,
@@ -116,11 +140,14 @@ fn record_format() -> u32 {
 /// One remembered tuning result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TuneRecord {
+    /// [`RECORD_FORMAT`] of the writer; a record of a newer format is ignored on load.
     #[serde(default = "record_format")]
     pub format: u32,
+    /// What the record is valid for; a loaded record must echo the key it was looked up by.
     pub key: TuneKey,
     /// The winning configuration.
     pub config: TileConfig,
+    /// The variant's declared name (informational: the key holds the spec's hash).
     #[serde(default)]
     pub variant: String,
     /// Median milliseconds of the winner at the tuned shape.
@@ -129,13 +156,16 @@ pub struct TuneRecord {
     /// The heuristic default and its median milliseconds (0 when it was not timed).
     #[serde(default)]
     pub default_config: Option<TileConfig>,
+    /// Median milliseconds of `default_config` (0 when it was not timed).
     #[serde(default)]
     pub default_ms: f64,
     /// The exact shape tuned on.
     #[serde(default)]
     pub shape: Option<[usize; 5]>,
+    /// Configurations considered, pruned ones included.
     #[serde(default)]
     pub candidates: usize,
+    /// Configurations that were timed.
     #[serde(default)]
     pub timed: usize,
     /// Seconds the whole tuning took.
@@ -147,6 +177,31 @@ pub struct TuneRecord {
 }
 
 /// The folder of tuning records.
+///
+/// ```
+/// use flash_dsl::plan::{default_config_for, KernelFamily};
+/// use flash_runtime::tune::{TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
+/// use flash_runtime::ProblemShape;
+///
+/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let shape = ProblemShape { batch: 1, seq_q: 4096, seq_k: 4096, heads_q: 8, heads_kv: 8 };
+/// let key = TuneKey::new(&spec, "NVIDIA H200", "sm_90a", (13, 0), &shape);
+///
+/// // Only the key and the configuration are required: every other field has a default.
+/// let config = default_config_for(&spec, KernelFamily::Sm90);
+/// let json = serde_json::json!({ "key": key, "config": config });
+/// let rec: TuneRecord = serde_json::from_value(json).unwrap();
+/// assert_eq!(rec.format, RECORD_FORMAT);
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = TuneStore::new(dir.path());
+/// assert_eq!(store.load(&key), None);
+/// let path = store.store(&rec).unwrap();
+/// assert_eq!(Some(path), store.path(&key));
+/// assert_eq!(store.load(&key), Some(rec));
+/// ```
 #[derive(Debug, Clone)]
 pub struct TuneStore {
     dir: Option<PathBuf>,
@@ -166,9 +221,12 @@ impl TuneStore {
             dir: cache.dir().map(|d| d.join("tune")),
         }
     }
+    /// The records' folder; `None` for the store of a memory-only cache.
     pub fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
+    /// Where the record for `key` lives (`<dir>/<key.file_stem()>.json`), whether or not it
+    /// exists; `None` without a folder.
     pub fn path(&self, key: &TuneKey) -> Option<PathBuf> {
         self.dir
             .as_ref()
@@ -205,7 +263,6 @@ impl TuneStore {
         Some(rec)
     }
 
-    /// Writes `rec` atomically (temp file in the same folder, fsync, rename). Returns its path.
     /// Stores `rec` when the store has a folder (a memory-only cache keeps none); the path.
     pub fn store_if_on_disk(&self, rec: &TuneRecord) -> Result<Option<PathBuf>, FlashError> {
         match self.dir() {
@@ -214,6 +271,9 @@ impl TuneStore {
         }
     }
 
+    /// Writes `rec` atomically (temp file in the same folder, fsync, rename), replacing the
+    /// record of the same key. Returns its path; an error for a store without a folder or when
+    /// the folder cannot be written.
     pub fn store(&self, rec: &TuneRecord) -> Result<PathBuf, FlashError> {
         let dir = self
             .dir

@@ -42,10 +42,14 @@ impl Default for TuneKnobs {
 /// Everything one GPU tuning produced.
 #[derive(Debug, Clone)]
 pub struct TuneReport {
+    /// The search itself: every candidate, the default and the winner.
     pub result: TuneResult,
+    /// The record remembered for the problem's bucket (written when the cache is on disk).
     pub record: TuneRecord,
     /// Where the record was written (`None` for a memory-only cache).
     pub record_path: Option<PathBuf>,
+    /// Useful floating-point operations of one forward pass at the tuned shape (masked-out
+    /// blocks not counted), the numerator of the candidates' TFLOP/s.
     pub flops: f64,
 }
 

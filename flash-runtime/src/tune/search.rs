@@ -20,6 +20,9 @@ fn invalid(msg: impl Into<String>) -> FlashError {
 
 /// Compiles a candidate and reports ptxas's figures. Called from several threads at once.
 pub trait Compiler: Sync {
+    /// Compiles `spec` with the tile configuration `cfg` and returns ptxas's figures (a
+    /// candidate that spills is pruned); `Err` holds why it did not compile, shown in the
+    /// candidate's [`Status::CompileFailed`].
     fn compile(&self, spec: &VariantSpec, cfg: &TileConfig) -> Result<Resources, String>;
 }
 
@@ -43,9 +46,28 @@ pub const CONTEXT_LOST: &str = "the CUDA context died after candidate ";
 /// Progress of a tuning run, for a progress bar.
 #[derive(Debug, Clone)]
 pub enum Progress {
-    Compiled { done: usize, total: usize },
-    Pruned { config: TileConfig, why: String },
-    Timed { done: usize, total: usize },
+    /// One more candidate finished compiling (successfully or not).
+    Compiled {
+        /// Candidates compiled so far.
+        done: usize,
+        /// Candidates that survived pruning and are being compiled.
+        total: usize,
+    },
+    /// A candidate was dropped for a reason worth showing (shared memory, an exclusion,
+    /// spills); candidates the MMA layout cannot take are not reported one by one.
+    Pruned {
+        /// The dropped configuration.
+        config: TileConfig,
+        /// Why, as in the candidate's [`Status::short`].
+        why: String,
+    },
+    /// One more candidate was timed.
+    Timed {
+        /// Candidates timed so far.
+        done: usize,
+        /// Candidates to time.
+        total: usize,
+    },
 }
 
 /// Limits of the search.
@@ -75,13 +97,20 @@ pub struct TuneResult {
     pub candidates: Vec<Candidate>,
     /// The heuristic default for this arch.
     pub default: TileConfig,
+    /// Median milliseconds of the default, `None` when it was pruned or failed.
     pub default_ms: Option<f64>,
+    /// The fastest candidate that passed the check (or the default, when the fastest beat it
+    /// by no more than [`TuneOptions::min_gain`]).
     pub winner: TileConfig,
+    /// Median milliseconds of one forward pass with `winner`.
     pub winner_ms: f64,
+    /// Wall time of the whole search, in seconds.
     pub tune_s: f64,
 }
 
 impl TuneResult {
+    /// How many candidates ended with a status for which `pred` holds (e.g. the number
+    /// pruned, for the summary line).
     pub fn count(&self, pred: impl Fn(&Status) -> bool) -> usize {
         self.candidates.iter().filter(|c| pred(&c.status)).count()
     }
@@ -89,7 +118,57 @@ impl TuneResult {
 
 /// Runs the search: prune by layout and shared memory, compile the rest in parallel, prune
 /// spills, time every survivor (the default first), check the candidates fastest first until
-/// one passes. Errors only when no candidate survives.
+/// one passes. Errors only when no candidate survives (the message gives one example per kind
+/// of failure), or when the timer reports the device lost ([`CONTEXT_LOST`]).
+///
+/// Compiling and timing are behind traits, so the search runs without a GPU:
+///
+/// ```
+/// use flash_dsl::plan::KernelFamily;
+/// use flash_dsl::{TileConfig, VariantSpec};
+/// use flash_runtime::tune::{tune, Compiler, Progress, Status, Timer, TuneOptions};
+/// use flash_runtime::Resources;
+///
+/// struct NoSpills;
+/// impl Compiler for NoSpills {
+///     fn compile(&self, _: &VariantSpec, _: &TileConfig) -> Result<Resources, String> {
+///         Ok(Resources::default())
+///     }
+/// }
+/// /// Pretends bigger tiles are faster; every output is correct.
+/// struct BiggerIsFaster;
+/// impl Timer for BiggerIsFaster {
+///     fn time(&mut self, c: &TileConfig) -> Result<f64, String> {
+///         Ok(1000.0 / f64::from(c.block_m * c.block_n) + f64::from(c.stages) * 1e-3)
+///     }
+///     fn check(&mut self, _: &TileConfig) -> Result<(), String> {
+///         Ok(())
+///     }
+/// }
+///
+/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let opts = TuneOptions {
+///     max_smem: 227 * 1024, // H100's opt-in shared memory per block
+///     threads: 1,
+///     family: Some(KernelFamily::Sm80),
+///     flops: 0.0,
+///     exclude: vec![],
+///     min_gain: 0.0,
+/// };
+/// let mut compiled = 0;
+/// let mut progress = |p: &Progress| {
+///     if let Progress::Compiled { .. } = p {
+///         compiled += 1
+///     }
+/// };
+/// let r = tune(&spec, "sm_90a", &opts, &NoSpills, &mut BiggerIsFaster, &mut progress).unwrap();
+/// assert!(compiled > 0);
+/// assert_eq!(r.count(|s| *s == Status::Winner), 1);
+/// assert!(r.candidates.iter().filter_map(|c| c.ms).all(|ms| ms >= r.winner_ms));
+/// assert_eq!(r.winner.family, KernelFamily::Sm80);
+/// ```
 pub fn tune(
     spec: &VariantSpec,
     arch: &str,
@@ -332,7 +411,10 @@ fn keep_default_within_noise(
 
 /// Compiles through a kernel cache (thread-safe, shared by processes).
 pub struct CacheCompiler<'a> {
+    /// The cache every candidate is compiled through, so that the winner's later load is a
+    /// hit.
     pub cache: &'a KernelCache,
+    /// The NVRTC architecture to compile for (`sm_90a`, ...).
     pub arch: String,
 }
 

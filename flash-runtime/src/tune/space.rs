@@ -35,7 +35,16 @@ pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
     v
 }
 
-/// `BMxBNxWxS` plus the kernel family.
+/// `BMxBNxWxS` plus the kernel family: the label tables print and `--exclude` takes.
+///
+/// ```
+/// use flash_dsl::plan::KernelFamily;
+/// use flash_dsl::TileConfig;
+/// use flash_runtime::tune::config_label;
+///
+/// let c = TileConfig { block_m: 128, block_n: 64, warps: 8, stages: 2, family: KernelFamily::Sm90 };
+/// assert_eq!(config_label(&c), "128x64x8x2/sm90");
+/// ```
 pub fn config_label(c: &TileConfig) -> String {
     format!(
         "{}x{}x{}x{}{}",
@@ -69,6 +78,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// One line for a table cell: the status and the first line of its message.
     pub fn short(&self) -> String {
         match self {
             Status::Pruned(w) => format!("pruned: {w}"),
@@ -88,10 +98,16 @@ fn first_line(s: &str) -> &str {
 /// One row of the tuning table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Candidate {
+    /// The tile configuration tried.
     pub config: TileConfig,
+    /// What ptxas reported, once compiled.
     pub resources: Option<Resources>,
+    /// Median milliseconds of one forward pass, once timed.
     pub ms: Option<f64>,
+    /// Throughput from [`TuneOptions::flops`](super::TuneOptions::flops) and `ms`, when both
+    /// are known.
     pub tflops: Option<f64>,
+    /// Where the candidate ended.
     pub status: Status,
 }
 
