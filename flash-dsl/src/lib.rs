@@ -17,6 +17,7 @@ pub mod dropout;
 pub mod emit;
 pub mod eval;
 pub mod files;
+pub mod generated;
 pub mod model;
 pub mod parse;
 pub mod plan;

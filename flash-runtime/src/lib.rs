@@ -9,6 +9,7 @@
 //! launch), never `launch` itself.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod build;
 pub mod cache;
@@ -30,5 +31,6 @@ pub use cache::{CacheOutcome, KernelCache};
 pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resources};
 pub use cudarc;
 pub use error::FlashError;
+pub use flash_dsl;
 pub use launch::{BlockMap, LseMut, ProblemShape, Runtime, TensorMut, TensorRef};
 pub use variant::{ParamArg, Variant};

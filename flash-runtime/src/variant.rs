@@ -8,7 +8,11 @@ use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use flash_dsl::dropout::DropoutRng;
-use flash_dsl::spec::ScalarTy;
+use flash_dsl::generated::Generated;
+use flash_dsl::plan::KernelFamily;
+use flash_dsl::spec::{ScalarTy, VariantSpec};
+
+use crate::error::FlashError;
 
 /// A declared attention variant.
 pub trait Variant {
@@ -20,6 +24,62 @@ pub trait Variant {
     type Params<'a>;
     /// The parameters in declaration order.
     fn param_args<'a>(params: &Self::Params<'a>, stream: &CudaStream) -> Vec<ParamArg<'a>>;
+
+    /// The validated declaration, re-parsed from [`Variant::SOURCE`]. The macro validated the
+    /// same text at compile time, so this fails only if the macro and the runtime come from
+    /// different flash versions that disagree on the language.
+    fn spec() -> Result<VariantSpec, FlashError> {
+        let specs = flash_dsl::parse::parse_str(Self::SOURCE).map_err(|diags| {
+            FlashError::Parse(format!(
+                "the source of variant `{}` does not parse: {}",
+                Self::NAME,
+                diags
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))
+        })?;
+        specs
+            .into_iter()
+            .find(|s| s.name == Self::NAME)
+            .ok_or_else(|| {
+                FlashError::Invalid(format!(
+                    "`{}` is not declared in its own source",
+                    Self::NAME
+                ))
+            })
+    }
+
+    /// Every kernel flash generates for this variant when the GPU's default family is `family`
+    /// (plans and CUDA of the forward and backward passes, block-map builders included; see
+    /// [`flash_dsl::generated`]). Needs no GPU and no NVRTC, and is deterministic: snapshot
+    /// [`Generated::summary`] and each kernel's
+    /// [`snapshot_text`](flash_dsl::generated::GeneratedKernel::snapshot_text) to review every
+    /// change of the kernels that a declaration change or a flash upgrade makes.
+    ///
+    /// ```
+    /// use flash_runtime::Variant;
+    /// use flash_runtime::flash_dsl::plan::KernelFamily;
+    ///
+    /// flash_macros::attention! {
+    ///     /// Causal attention with soft-capped logits.
+    ///     pub Capped { head_dim: 64, dtype: bf16, mask: causal, score: softcap(s, 30.0) }
+    /// }
+    ///
+    /// let g = Capped::generate(KernelFamily::Sm90Ws).unwrap();
+    /// let first = g.kernels().next().unwrap();
+    /// assert_eq!(first.snapshot_name, "capped_sm90ws_fwd");
+    /// assert!(first.snapshot_text().contains("extern \"C\" __global__"));
+    /// assert!(g.summary().contains("d score / d s ="));
+    /// ```
+    fn generate(family: KernelFamily) -> Result<Generated, FlashError> {
+        let spec = Self::spec()?;
+        flash_dsl::generated::generate(&spec, family).map_err(|e| FlashError::Plan {
+            variant: spec.name.clone(),
+            message: e.to_string(),
+        })
+    }
 }
 
 /// One runtime parameter value, in declaration order.

@@ -25,35 +25,26 @@ use expr::{
 pub const PARTIALS: [(&str, &str); 8] = [
     (
         "dropout",
-        include_str!("../../../templates/common/dropout.cu.hbs"),
+        include_str!("../../templates/common/dropout.cu.hbs"),
     ),
-    (
-        "args",
-        include_str!("../../../templates/common/args.cu.hbs"),
-    ),
-    (
-        "sm80",
-        include_str!("../../../templates/common/sm80.cu.hbs"),
-    ),
-    (
-        "hooks",
-        include_str!("../../../templates/common/hooks.cu.hbs"),
-    ),
+    ("args", include_str!("../../templates/common/args.cu.hbs")),
+    ("sm80", include_str!("../../templates/common/sm80.cu.hbs")),
+    ("hooks", include_str!("../../templates/common/hooks.cu.hbs")),
     (
         "softmax",
-        include_str!("../../../templates/common/softmax.cu.hbs"),
+        include_str!("../../templates/common/softmax.cu.hbs"),
     ),
     (
         "hopper",
-        include_str!("../../../templates/common/hopper.cu.hbs"),
+        include_str!("../../templates/common/hopper.cu.hbs"),
     ),
     (
         "backward",
-        include_str!("../../../templates/common/backward.cu.hbs"),
+        include_str!("../../templates/common/backward.cu.hbs"),
     ),
     (
         "common",
-        include_str!("../../../templates/common/common.cu.hbs"),
+        include_str!("../../templates/common/common.cu.hbs"),
     ),
 ];
 
@@ -61,33 +52,33 @@ pub const PARTIALS: [(&str, &str); 8] = [
 pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
     match (kind, family) {
         (KernelKind::Forward, KernelFamily::Sm80) => {
-            include_str!("../../../templates/forward/sm80.cu.hbs")
+            include_str!("../../templates/forward/sm80.cu.hbs")
         }
         (KernelKind::Forward, KernelFamily::Sm90) => {
-            include_str!("../../../templates/forward/sm90.cu.hbs")
+            include_str!("../../templates/forward/sm90.cu.hbs")
         }
         (KernelKind::Forward, KernelFamily::Sm90Ws) => {
-            include_str!("../../../templates/forward/sm90ws.cu.hbs")
+            include_str!("../../templates/forward/sm90ws.cu.hbs")
         }
         // The planner builds the backward main kernel for the sm80 and sm90 families
         // (`PlanError::BackwardFamily`); pre-processing and the dQ conversion are plain per-row
         // kernels for any family.
         (KernelKind::BackwardMain, KernelFamily::Sm90) => {
-            include_str!("../../../templates/backward/sm90.cu.hbs")
+            include_str!("../../templates/backward/sm90.cu.hbs")
         }
-        (KernelKind::BackwardMain, _) => include_str!("../../../templates/backward/sm80.cu.hbs"),
+        (KernelKind::BackwardMain, _) => include_str!("../../templates/backward/sm80.cu.hbs"),
         (KernelKind::BackwardPre, _) => {
-            include_str!("../../../templates/backward_pre/generic.cu.hbs")
+            include_str!("../../templates/backward_pre/generic.cu.hbs")
         }
-        (KernelKind::DqConvert, _) => include_str!("../../../templates/dq_convert/generic.cu.hbs"),
+        (KernelKind::DqConvert, _) => include_str!("../../templates/dq_convert/generic.cu.hbs"),
         (KernelKind::BlockMap | KernelKind::BlockMapKeys, _) => {
-            include_str!("../../../templates/block_map/generic.cu.hbs")
+            include_str!("../../templates/block_map/generic.cu.hbs")
         }
     }
 }
 
 /// The device prelude, handed to NVRTC as the named header `flash_prelude.cuh`.
-pub const PRELUDE: &str = include_str!("../../../templates/prelude.cuh");
+pub const PRELUDE: &str = include_str!("../../templates/prelude.cuh");
 /// Include name of [`PRELUDE`].
 pub const PRELUDE_NAME: &str = "flash_prelude.cuh";
 

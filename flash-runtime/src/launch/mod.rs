@@ -67,6 +67,35 @@ type KernelMemo =
     HashMap<VariantSpec, HashMap<(KernelKind, Option<TileConfig>, bool), Arc<LoadedKernel>>>;
 
 /// One CUDA context and stream on one GPU, with its kernel cache.
+///
+/// Create one per device and reuse it: loaded kernels are memoised in it, and every launch is
+/// issued on its one stream (launches are asynchronous; [`Runtime::synchronize`] waits).
+///
+/// ```no_run
+/// use flash_runtime::{Runtime, TensorRef};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
+///     .expect("a valid declaration")
+///     .remove(0);
+/// let rt = Runtime::new(0)?; // an error, not a panic, on a machine without a GPU
+/// let s = rt.stream();
+/// let shape = [2, 512, 4, 64]; // [batch, seq, heads, head_dim]
+/// let n: usize = shape.iter().product();
+/// let (q, k, v) = (s.alloc_zeros::<u16>(n)?, s.alloc_zeros::<u16>(n)?, s.alloc_zeros::<u16>(n)?);
+/// let (o, lse) = rt.forward_alloc(
+///     &spec,
+///     &TensorRef::new(&q, shape, s),
+///     &TensorRef::new(&k, shape, s),
+///     &TensorRef::new(&v, shape, s),
+///     &[], // the variant declares no params
+/// )?;
+/// rt.synchronize()?;
+/// assert_eq!(o.len(), n);
+/// assert_eq!(lse.len(), 2 * 4 * 512); // [batch, heads_q, seq_q]
+/// # Ok(())
+/// # }
+/// ```
 pub struct Runtime {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -87,10 +116,15 @@ impl std::fmt::Debug for Runtime {
 /// Sizes of one forward problem, derived from Q and K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProblemShape {
+    /// Number of independent sequences (dimension 0 of every tensor).
     pub batch: usize,
+    /// Query positions (dimension 1 of Q and O).
     pub seq_q: usize,
+    /// Key/value positions (dimension 1 of K and V).
     pub seq_k: usize,
+    /// Query heads (dimension 2 of Q and O).
     pub heads_q: usize,
+    /// Key/value heads (dimension 2 of K and V); divides `heads_q` (GQA/MQA when smaller).
     pub heads_kv: usize,
 }
 
@@ -165,6 +199,7 @@ impl Runtime {
         })
     }
 
+    /// The device this runtime runs on (name, architecture, limits, default kernel family).
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -172,9 +207,11 @@ impl Runtime {
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
+    /// The CUDA context the runtime's kernels are loaded into; buffers must be allocated in it.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
+    /// The kernel cache loads compile through.
     pub fn cache(&self) -> &KernelCache {
         &self.cache
     }
@@ -412,21 +449,7 @@ impl Runtime {
         if let Some(s) = map.get(V::NAME) {
             return Ok(s.clone());
         }
-        let specs = flash_dsl::parse::parse_str(V::SOURCE).map_err(|diags| {
-            FlashError::Parse(format!(
-                "the source of variant `{}` does not parse: {}",
-                V::NAME,
-                diags
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
-        })?;
-        let spec = specs
-            .into_iter()
-            .find(|s| s.name == V::NAME)
-            .ok_or_else(|| invalid(format!("`{}` is not declared in its own source", V::NAME)))?;
+        let spec = V::spec()?;
         let spec = Arc::new(spec);
         map.insert(V::NAME, spec.clone());
         Ok(spec)
