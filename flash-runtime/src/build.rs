@@ -34,9 +34,8 @@ pub struct Built {
 /// use flash_dsl::plan::{default_config_for, KernelFamily};
 /// use flash_runtime::{compile_plan, CacheOutcome, FlashError, KernelCache};
 ///
-/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
-///     .unwrap()
-///     .remove(0);
+/// let decl = "pub Causal { head_dim: 64, dtype: bf16, mask: causal }";
+/// let spec = flash_dsl::parse::parse_str(decl).unwrap().remove(0);
 /// let plan = flash_dsl::plan(&spec, Some(default_config_for(&spec, KernelFamily::Sm80))).unwrap();
 /// let dir = tempfile::tempdir().unwrap();
 /// let cache = KernelCache::new(Some(dir.path().to_path_buf()));

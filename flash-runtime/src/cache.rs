@@ -55,6 +55,7 @@ pub enum CacheOutcome {
 }
 
 impl CacheOutcome {
+    /// The name logs, `flash compile` and JSON reports use: `memory-hit`, `disk-hit`, `miss`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheOutcome::MemoryHit => "memory-hit",
@@ -73,28 +74,53 @@ impl std::fmt::Display for CacheOutcome {
 /// One file of the cache folder, as `list` reports it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EntryInfo {
+    /// The file's stem: the entry's 64-hex-digit cache key.
     pub key: String,
+    /// The entry file (`<dir>/<key>.fkc`).
     pub path: PathBuf,
+    /// Size of the file in bytes (CUBIN plus header and metadata).
     pub bytes: u64,
     /// Whether the file passes every check a load makes (magic, version, key, length, checksum).
     pub valid: bool,
+    /// The kernel's entry point; `None` (like the fields below) for an invalid entry.
     pub kernel_name: Option<String>,
+    /// The architecture the CUBIN is for.
     pub arch: Option<String>,
+    /// What ptxas reported when the entry was compiled.
     pub resources: Option<Resources>,
+    /// How long the original NVRTC compile took, in milliseconds.
     pub compile_ms: Option<f64>,
 }
 
 /// Counters of one cache instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct CacheStats {
+    /// Requests served from this instance's memory.
     pub memory_hits: u64,
+    /// Requests served from a valid disk entry.
     pub disk_hits: u64,
+    /// Requests that compiled with NVRTC.
     pub misses: u64,
     /// Time of the latest disk hit (read + verify + decode), in milliseconds.
     pub last_disk_load_ms: f64,
 }
 
 /// In-memory + on-disk cache of compiled kernels. Thread-safe; share it by reference or `Arc`.
+///
+/// ```
+/// use flash_runtime::KernelCache;
+///
+/// let root = tempfile::tempdir().unwrap();
+/// let cache = KernelCache::new(Some(root.path().to_path_buf()));
+/// assert!(cache.is_persistent());
+/// assert_eq!(cache.dir(), Some(root.path().join("v1").as_path())); // one folder per format
+/// assert!(cache.list().is_empty());
+/// assert_eq!(cache.clear().unwrap(), 0);
+/// assert_eq!(cache.stats().misses, 0);
+///
+/// let mem = KernelCache::memory_only();
+/// assert!(!mem.is_persistent() && mem.dir().is_none());
+/// ```
 #[derive(Debug)]
 pub struct KernelCache {
     /// The versioned folder (`<root>/v1`); `None` when memory-only.
@@ -331,6 +357,7 @@ impl KernelCache {
         self.dir().is_some()
     }
 
+    /// Hit and miss counters of this instance since it was created.
     pub fn stats(&self) -> CacheStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }

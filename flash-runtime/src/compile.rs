@@ -230,7 +230,8 @@ fn cstring(s: &str, what: &str) -> Result<CString, FlashError> {
 ///
 /// let src = CudaSource {
 ///     kernel_name: "add_one".into(),
-///     source: r#"extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }"#.into(),
+///     source: r#"extern "C" __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }"#
+///         .into(),
 ///     headers: vec![],
 ///     smem_bytes: 0,
 ///     threads: 32,

@@ -43,8 +43,8 @@ pub enum FlashError {
     /// A file system operation failed.
     #[error("{op} {}: {source}", path.display())]
     Io {
-        /// What was being done, as a verb (`reading`, `writing`, `creating`, ...); the message reads
-        /// `{op} {path}: {source}`.
+        /// What was being done, as a verb (`reading`, `writing`, `creating`, ...); the
+        /// message reads `{op} {path}: {source}`.
         op: &'static str,
         /// The file or directory it was done to.
         path: PathBuf,

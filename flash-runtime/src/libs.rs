@@ -301,7 +301,8 @@ pub fn ensure_driver() -> Result<LoadedLib, FlashError> {
 /// One visible GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
-    /// The CUDA device ordinal (`cuDeviceGet`'s index), as [`Runtime::new`](crate::Runtime::new) takes it.
+    /// The CUDA device ordinal (`cuDeviceGet`'s index), as
+    /// [`Runtime::new`](crate::Runtime::new) takes it.
     pub ordinal: i32,
     /// The driver's name for the device (`unknown` when it would not say).
     pub name: String,
@@ -318,7 +319,12 @@ impl GpuInfo {
     /// ```
     /// use flash_runtime::libs::GpuInfo;
     ///
-    /// let gpu = |cc| GpuInfo { ordinal: 0, name: "gpu".into(), compute_capability: cc, total_mem_bytes: 0 };
+    /// let gpu = |cc| GpuInfo {
+    ///     ordinal: 0,
+    ///     name: "gpu".into(),
+    ///     compute_capability: cc,
+    ///     total_mem_bytes: 0,
+    /// };
     /// assert_eq!(gpu((9, 0)).arch(), "sm_90a");
     /// assert_eq!(gpu((8, 6)).arch(), "sm_86");
     /// ```

@@ -23,7 +23,7 @@ pub struct VariantArgs {
     pub head_dim: Option<u32>,
     /// Override the element type of Q, K, V and O.
     #[arg(long, value_enum)]
-    pub dtype: Option<DTypeArg>,
+    pub(crate) dtype: Option<DTypeArg>,
     /// Override the tile configuration: `BLOCK_MxBLOCK_NxWARPSxSTAGES`, e.g. `128x64x4x2`.
     #[arg(long, value_parser = parse_tile)]
     pub tile: Option<TileOverride>,
@@ -32,7 +32,7 @@ pub struct VariantArgs {
     /// `FLASH_FAMILY` environment variable (same values) decides; without either, `compile`
     /// takes the fastest family of each `--arch` and the others `sm80`.
     #[arg(long, value_enum)]
-    pub family: Option<FamilyArg>,
+    pub(crate) family: Option<FamilyArg>,
 }
 
 /// The family `FLASH_FAMILY` names, if it is set (the runtime reads the same variable).
@@ -51,7 +51,7 @@ pub fn env_family() -> Result<Option<KernelFamily>, FlashError> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FamilyArg {
+pub(crate) enum FamilyArg {
     Sm80,
     Sm90,
     Sm90ws,
@@ -68,7 +68,7 @@ impl From<FamilyArg> for KernelFamily {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DTypeArg {
+pub(crate) enum DTypeArg {
     Bf16,
     F16,
 }
@@ -86,13 +86,19 @@ impl From<DTypeArg> for DType {
 /// spec, so fields the planner adds later keep their default values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileOverride {
+    /// Query rows per thread block ([`TileConfig::block_m`]).
     pub block_m: u32,
+    /// Key columns per inner-loop step ([`TileConfig::block_n`]).
     pub block_n: u32,
+    /// Warps per thread block ([`TileConfig::warps`]).
     pub warps: u32,
+    /// K/V shared-memory buffers in flight ([`TileConfig::stages`]).
     pub stages: u32,
 }
 
 impl TileOverride {
+    /// Overwrites the four tile sizes of `cfg`, leaving its other fields (the kernel family)
+    /// as they are.
     pub fn apply(&self, cfg: &mut TileConfig) {
         cfg.block_m = self.block_m;
         cfg.block_n = self.block_n;
@@ -191,6 +197,7 @@ impl VariantArgs {
     }
 }
 
+/// The `--cache-dir` option of the subcommands that use the kernel cache.
 #[derive(Debug, Clone, Args)]
 pub struct CacheDirArg {
     /// Cache root (default: $FLASH_CACHE_DIR, $XDG_CACHE_HOME/flash or ~/.cache/flash).

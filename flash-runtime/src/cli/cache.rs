@@ -9,6 +9,7 @@ use crate::error::FlashError;
 
 use super::args::CacheDirArg;
 
+/// `flash cache`'s subcommands, each with the cache folder to act on.
 #[derive(Debug, Subcommand)]
 pub enum CacheCommand {
     /// List the entries (newest first).
@@ -19,7 +20,7 @@ pub enum CacheCommand {
     Dir(CacheDirArg),
 }
 
-pub fn cmd_cache(c: &CacheCommand) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_cache(c: &CacheCommand) -> Result<ExitCode, FlashError> {
     let (CacheCommand::List(d) | CacheCommand::Clear(d) | CacheCommand::Dir(d)) = c;
     let cache = KernelCache::new(d.cache_dir.clone());
     match c {

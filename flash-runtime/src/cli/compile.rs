@@ -14,8 +14,10 @@ use crate::error::FlashError;
 
 use super::args::{CacheDirArg, VariantArgs};
 
+/// Arguments of `flash compile`.
 #[derive(Debug, Args)]
 pub struct CompileArgs {
+    /// Which declarations of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
     /// Target architectures, comma separated or repeated (`sm_80`, `sm_90`, `sm_90a`).
@@ -27,6 +29,7 @@ pub struct CompileArgs {
     /// Compile even if cached, and do not store the result.
     #[arg(long)]
     pub no_cache: bool,
+    /// The kernel cache folder.
     #[command(flatten)]
     pub cache: CacheDirArg,
     /// One JSON object per line instead of a table.
@@ -50,7 +53,7 @@ struct CompileReport<'a> {
     cache: &'a str,
 }
 
-pub fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
     let cache = (!a.no_cache).then(|| KernelCache::new(a.cache.cache_dir.clone()));
     let mut failed = 0usize;
     if !a.json {

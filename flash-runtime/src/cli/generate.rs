@@ -15,8 +15,10 @@ use crate::error::FlashError;
 
 use super::args::VariantArgs;
 
+/// Arguments of `flash gen`.
 #[derive(Debug, Args)]
 pub struct GenArgs {
+    /// Which declarations of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
     /// Write `<kernel>.cu` and its headers into this folder instead of printing.
@@ -24,8 +26,10 @@ pub struct GenArgs {
     pub out: Option<PathBuf>,
 }
 
+/// Arguments of `flash plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
+    /// Which declarations of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
     /// JSON (the plan only) instead of Rust debug output followed by the score's derivative and
@@ -34,7 +38,7 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-pub fn cmd_gen(a: &GenArgs) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_gen(a: &GenArgs) -> Result<ExitCode, FlashError> {
     let out = std::io::stdout();
     let mut out = out.lock();
     for (_, _, src) in a.variant.generate(KernelFamily::Sm80)? {
@@ -74,7 +78,7 @@ fn write_sources(dir: &Path, src: &CudaSource) -> Result<(), FlashError> {
     Ok(())
 }
 
-pub fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
     for spec in a.variant.load()? {
         let plan = a.variant.plan(&spec, KernelFamily::Sm80)?;
         if a.json {

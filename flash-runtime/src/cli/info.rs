@@ -6,7 +6,7 @@ use crate::cache::KernelCache;
 use crate::error::FlashError;
 use crate::libs;
 
-pub fn cmd_info(verbose: bool) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_info(verbose: bool) -> Result<ExitCode, FlashError> {
     match libs::ensure_nvrtc() {
         Ok(l) => {
             let (maj, min) = crate::compile::nvrtc_version()?;

@@ -35,13 +35,14 @@ use clap::{Parser, Subcommand};
 
 use crate::error::FlashError;
 
-pub use args::{CacheDirArg, DTypeArg, FamilyArg, TileOverride, VariantArgs};
+pub use args::{CacheDirArg, TileOverride, VariantArgs};
 pub use cache::CacheCommand;
 pub use compile::CompileArgs;
 pub use generate::{GenArgs, PlanArgs};
 pub use run::RunArgs;
 pub use tune::TuneArgs;
 
+/// The parsed command line of `flash`.
 #[derive(Debug, Parser)]
 #[command(
     name = "flash",
@@ -52,10 +53,12 @@ pub struct Cli {
     /// More log output on stderr (-v: one line per compile, -vv: debug). `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// The subcommand and its arguments.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// One subcommand of `flash` (each variant's doc line is its `--help` summary).
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the generated CUDA of each selected declaration.

@@ -42,8 +42,10 @@ use crate::variant::ParamArg;
 
 use super::args::VariantArgs;
 
+/// Arguments of `flash run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Which declaration of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
     /// Queries, `[batch, seq_q, heads_q, head_dim]`.
@@ -66,7 +68,7 @@ pub struct RunArgs {
     pub lse: Option<PathBuf>,
     /// Element type of the written O (and dQ, dK, dV).
     #[arg(long, value_enum, default_value = "same")]
-    pub out_dtype: OutDType,
+    pub(crate) out_dtype: OutDType,
     /// dO, the gradient of the loss with respect to O (shaped like O): runs the backward pass
     /// after the forward.
     #[arg(long = "do", value_name = "DO")]
@@ -119,7 +121,7 @@ fn dropout_rng(a: &RunArgs, spec: &VariantSpec) -> Result<Option<DropoutRng>, Fl
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutDType {
+pub(crate) enum OutDType {
     /// The variant's dtype.
     Same,
     F32,

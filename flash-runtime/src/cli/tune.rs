@@ -31,8 +31,10 @@ use crate::tune::{config_label, Progress, Status, TuneKnobs, TuneReport, CONTEXT
 
 use super::args::{CacheDirArg, VariantArgs};
 
+/// Arguments of `flash tune`.
 #[derive(Debug, Args)]
 pub struct TuneArgs {
+    /// Which declarations of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
     /// Problem shape: `BATCH,HEADS_Q,HEADS_KV,SEQ_Q,SEQ_K`.
@@ -44,6 +46,7 @@ pub struct TuneArgs {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// The kernel cache folder (tuning records live in its `tune/` subfolder).
     #[command(flatten)]
     pub cache: CacheDirArg,
     /// Also list the configurations the MMA layout rules out.
@@ -72,7 +75,7 @@ pub struct TuneArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShapeArg(pub ProblemShape);
 
-pub fn parse_shape(s: &str) -> Result<ShapeArg, String> {
+pub(crate) fn parse_shape(s: &str) -> Result<ShapeArg, String> {
     let v: Vec<usize> = s
         .split(',')
         .map(|p| {
@@ -206,7 +209,7 @@ fn tune_backward(
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
+pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
     let specs = a.variant.load()?;
     let rt = Runtime::with_cache(a.gpu, KernelCache::new(a.cache.cache_dir.clone()))?;
     let knobs = TuneKnobs {

@@ -75,9 +75,8 @@ type KernelMemo =
 /// use flash_runtime::{Runtime, TensorRef};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
-///     .expect("a valid declaration")
-///     .remove(0);
+/// let decl = "pub Causal { head_dim: 64, dtype: bf16, mask: causal }";
+/// let spec = flash_dsl::parse::parse_str(decl).expect("a valid declaration").remove(0);
 /// let rt = Runtime::new(0)?; // an error, not a panic, on a machine without a GPU
 /// let s = rt.stream();
 /// let shape = [2, 512, 4, 64]; // [batch, seq, heads, head_dim]

@@ -94,9 +94,8 @@ impl TuneKey {
     /// use flash_runtime::tune::{ShapeBucket, TuneKey};
     /// use flash_runtime::ProblemShape;
     ///
-    /// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
-    ///     .unwrap()
-    ///     .remove(0);
+    /// let decl = "pub Causal { head_dim: 64, dtype: bf16, mask: causal }";
+    /// let spec = flash_dsl::parse::parse_str(decl).unwrap().remove(0);
     /// let shape = ProblemShape { batch: 2, seq_q: 1000, seq_k: 1000, heads_q: 16, heads_kv: 4 };
     /// let key = TuneKey::new(&spec, "NVIDIA H200", "sm_90a", (13, 0), &shape);
     /// assert_eq!(key.bucket, ShapeBucket { seq_q: 1024, seq_k: 1024, batch_heads: 32, group: 4 });
@@ -183,9 +182,8 @@ pub struct TuneRecord {
 /// use flash_runtime::tune::{TuneKey, TuneRecord, TuneStore, RECORD_FORMAT};
 /// use flash_runtime::ProblemShape;
 ///
-/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
-///     .unwrap()
-///     .remove(0);
+/// let decl = "pub Causal { head_dim: 64, dtype: bf16, mask: causal }";
+/// let spec = flash_dsl::parse::parse_str(decl).unwrap().remove(0);
 /// let shape = ProblemShape { batch: 1, seq_q: 4096, seq_k: 4096, heads_q: 8, heads_kv: 8 };
 /// let key = TuneKey::new(&spec, "NVIDIA H200", "sm_90a", (13, 0), &shape);
 ///

@@ -146,9 +146,8 @@ impl TuneResult {
 ///     }
 /// }
 ///
-/// let spec = flash_dsl::parse::parse_str("pub Causal { head_dim: 64, dtype: bf16, mask: causal }")
-///     .unwrap()
-///     .remove(0);
+/// let decl = "pub Causal { head_dim: 64, dtype: bf16, mask: causal }";
+/// let spec = flash_dsl::parse::parse_str(decl).unwrap().remove(0);
 /// let opts = TuneOptions {
 ///     max_smem: 227 * 1024, // H100's opt-in shared memory per block
 ///     threads: 1,

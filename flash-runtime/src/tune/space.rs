@@ -42,7 +42,13 @@ pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
 /// use flash_dsl::TileConfig;
 /// use flash_runtime::tune::config_label;
 ///
-/// let c = TileConfig { block_m: 128, block_n: 64, warps: 8, stages: 2, family: KernelFamily::Sm90 };
+/// let c = TileConfig {
+///     block_m: 128,
+///     block_n: 64,
+///     warps: 8,
+///     stages: 2,
+///     family: KernelFamily::Sm90,
+/// };
 /// assert_eq!(config_label(&c), "128x64x8x2/sm90");
 /// ```
 pub fn config_label(c: &TileConfig) -> String {
