@@ -1,9 +1,13 @@
-//! The `attention!` macro: a thin shim over `flash-dsl`.
+//! The `attention!` macro: declare attention variants in Rust source, checked at compile time.
 //!
-//! It parses and validates the declarations with the same code the CLI uses for `.flash`
-//! files, and emits only Rust: a unit struct per variant, its typed params struct and the
-//! `flash_runtime::Variant` impl. It never generates CUDA; the runtime re-parses
-//! `Variant::SOURCE` and runs the generator itself.
+//! It parses and validates the declarations with the same code the `flash` command uses for
+//! `.flash` files (`flash_dsl::parse` and `flash_dsl::validate`), reports every error at the
+//! offending tokens, and emits only Rust: a unit struct per variant, its typed params struct
+//! and the `flash_runtime::Variant` impl. It never generates CUDA: the runtime re-parses
+//! `Variant::SOURCE` and runs the generator itself, so the kernels follow the flash-runtime
+//! version the program links, and `Variant::generate` hands them out for snapshot tests.
+//!
+//! The language is described in the README's "The language" section and `docs/grammar.md`.
 
 use flash_dsl::ast::Decl;
 use flash_dsl::diag::Report;
@@ -14,16 +18,39 @@ use quote::{format_ident, quote, quote_spanned};
 
 /// Declare attention variants.
 ///
-/// ```ignore
+/// ```
+/// use flash_runtime::Variant;
+///
 /// flash_macros::attention! {
-///     /// Gemma-2 local layers.
+///     /// Gemma-2 local layers: a causal sliding window with soft-capped logits.
 ///     pub GemmaLocal {
 ///         head_dim: 128,
 ///         dtype: bf16,
 ///         params: { cap: f32 },
-///         mask: window(4096),
+///         mask: causal && q - k < 4096,
 ///         score: softcap(s, cap),
 ///     }
+///     /// Document masking: a query sees only keys of its own document.
+///     Document {
+///         head_dim: 64,
+///         dtype: f16,
+///         params: { doc: [i32; batch, seq] },
+///         mask: doc[b, q] == doc[b, k],
+///     }
+/// }
+///
+/// assert_eq!(GemmaLocal::NAME, "GemmaLocal");
+/// let params = GemmaLocalParams::new(50.0);
+/// assert_eq!(params.cap, 50.0);
+/// let spec = Document::spec().unwrap();
+/// assert_eq!((spec.head_dim_qk, spec.params.len()), (64, 1));
+/// ```
+///
+/// Mistakes are compile errors at the offending tokens, all of them at once:
+///
+/// ```compile_fail
+/// flash_macros::attention! {
+///     pub Broken { head_dim: 100, dtype: bf16, mask: q >= kk }
 /// }
 /// ```
 ///
@@ -53,16 +80,17 @@ fn expand(input: TokenStream) -> TokenStream {
     };
     let mut out = TokenStream::new();
     let mut errors: Option<syn::Error> = None;
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = std::collections::HashMap::new();
     for decl in &decls {
-        if !seen.insert(decl.name.to_string()) {
-            push_error(
-                &mut errors,
-                &Report::at(
-                    decl.name.span(),
-                    format!("duplicate variant name `{}`", decl.name),
-                ),
-            );
+        let name = decl.name.to_string();
+        // Kernel entry points are lower case: names differing only by case would share one.
+        if let Some(first) = seen.insert(name.to_lowercase(), name.clone()) {
+            let msg = if first == name {
+                format!("duplicate variant name `{name}`")
+            } else {
+                format!("variant names `{first}` and `{name}` differ only by case; kernel and file names are lower case, so they would collide")
+            };
+            push_error(&mut errors, &Report::at(decl.name.span(), msg));
             continue;
         }
         match validate_reports(decl) {

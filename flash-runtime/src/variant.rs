@@ -87,12 +87,19 @@ pub trait Variant {
 pub enum ParamArg<'a> {
     /// A device tensor: pointer, element count and element type.
     Tensor {
+        /// The device address of element 0.
         ptr: u64,
+        /// Elements in the buffer; the launch checks it against the shape the declaration
+        /// gives the tensor, so a kernel never reads past it.
         len: usize,
+        /// The element type; must match the declaration's (`f32` or `i32`).
         elem: ScalarTy,
+        /// Ties the value to the borrow of the buffer it points into.
         _borrow: PhantomData<&'a ()>,
     },
+    /// A scalar `i32` parameter.
     I32(i32),
+    /// A scalar `f32` parameter.
     F32(f32),
     /// The dropout generator's seed and offset. A variant that declares `dropout` takes exactly
     /// one, after its declared params (`ParamArg::dropout(seed, offset)`); the same seed and
@@ -114,10 +121,14 @@ impl<'a> ParamArg<'a> {
     pub fn dropout(seed: u64, offset: u64) -> Self {
         ParamArg::Rng(DropoutRng { seed, offset })
     }
+    /// An `i32` tensor parameter (e.g. document ids), borrowed for the launch; `stream` is the
+    /// stream the launch runs on, so cudarc orders the buffer's use after its writes.
     pub fn tensor_i32(s: &'a CudaSlice<i32>, stream: &CudaStream) -> Self {
         let (ptr, _sync) = s.device_ptr(stream);
         Self::raw_tensor(ptr, s.len(), ScalarTy::I32)
     }
+    /// An `f32` tensor parameter (e.g. ALiBi slopes or a bias table); see
+    /// [`ParamArg::tensor_i32`].
     pub fn tensor_f32(s: &'a CudaSlice<f32>, stream: &CudaStream) -> Self {
         let (ptr, _sync) = s.device_ptr(stream);
         Self::raw_tensor(ptr, s.len(), ScalarTy::F32)
