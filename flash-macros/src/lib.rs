@@ -9,6 +9,8 @@
 //!
 //! The language is described in the README's "The language" section and `docs/grammar.md`.
 
+#![warn(missing_docs)]
+
 use flash_dsl::ast::Decl;
 use flash_dsl::diag::Report;
 use flash_dsl::spec::{ParamKind, ScalarTy, VariantSpec};
