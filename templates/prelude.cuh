@@ -116,6 +116,13 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int iabs(int a) { return a < 0 ? -a : a; }
 /// Clamps a parameter index into [0, n-1]: every tensor lookup is in bounds by construction.
 __device__ __forceinline__ int clampi(int i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
+/// `clampi` of an index computed in 64 bits (see `validate::arith`).
+__device__ __forceinline__ int clampl(long long i, int n) { return i < 0 ? 0 : (i >= n ? n - 1 : (int)i); }
+/// The language's `%`: C's truncating remainder, with `x % 0 == 0` (and `INT_MIN % -1 == 0`,
+/// undefined in C), as the CPU evaluator defines it.
+__device__ __forceinline__ int irem(int a, int b) { return (b == 0 || b == -1) ? 0 : a % b; }
+__device__ __forceinline__ long long lrem(long long a, long long b) { return (b == 0 || b == -1) ? 0 : a % b; }
+__device__ __forceinline__ long long labs(long long a) { return a < 0 ? -a : a; }
 
 // ---- data-dependent tile classification ------------------------------------------------------
 

@@ -86,6 +86,9 @@ pub fn span_range(ts: TokenStream) -> (Span, Span) {
     (first.span(), last.span())
 }
 
+/// Characters of a source line shown in a rendered diagnostic.
+const MAX_LINE: usize = 160;
+
 /// Render diagnostics the way rustc does, for a source file:
 ///
 /// ```text
@@ -115,20 +118,29 @@ pub fn render(file_name: &str, src: &str, diags: &[Diagnostic]) -> String {
         let pad = " ".repeat(gutter);
         let _ = writeln!(out, "{pad}--> {file_name}:{line}:{col}");
         let _ = writeln!(out, "{pad} |");
-        let _ = writeln!(out, "{line} | {text}");
         let width = text.chars().count();
         let stop = if end.line == start.line {
             end.column.min(width)
         } else {
             width
         };
-        let carets = stop.saturating_sub(start.column).max(1);
-        let _ = writeln!(
-            out,
-            "{pad} | {}{}",
-            " ".repeat(start.column),
-            "^".repeat(carets)
+        // A very long line (generated input) is shown as a window around the error, so a
+        // diagnostic stays readable and its size bounded.
+        let (from, to) = if width > MAX_LINE {
+            let from = start.column.saturating_sub(MAX_LINE / 4).min(width);
+            (from, (from + MAX_LINE).min(width))
+        } else {
+            (0, width)
+        };
+        let shown: String = text.chars().skip(from).take(to - from).collect();
+        let (pre, post) = (
+            if from > 0 { "..." } else { "" },
+            if to < width { "..." } else { "" },
         );
+        let _ = writeln!(out, "{line} | {pre}{shown}{post}");
+        let col = start.column.saturating_sub(from) + pre.len();
+        let carets = stop.min(to).saturating_sub(start.column.max(from)).max(1);
+        let _ = writeln!(out, "{pad} | {}{}", " ".repeat(col), "^".repeat(carets));
     }
     out
 }

@@ -16,10 +16,14 @@ use syn::{braced, bracketed, parenthesized, Attribute, Ident, LitInt, Token};
 use crate::ast::{Decl, DimAst, Entry, ExprValue, HeadDim, ParamAst, ParamTyAst, Value};
 use crate::diag::{render, Diagnostic};
 use crate::spec::VariantSpec;
+use crate::validate::limits::{check_expr_depth, check_tokens};
 use crate::validate::validate_all;
 
-/// Parse a body of one or more declarations.
+/// Parse a body of one or more declarations. The size limits of
+/// [`crate::validate::limits`] are checked on the flat tokens first, so that no hostile input
+/// reaches a recursive parser.
 pub fn parse_tokens(ts: TokenStream) -> syn::Result<Vec<Decl>> {
+    check_tokens(&ts).map_err(|r| syn::Error::new(r.span(), r.message()))?;
     parse_decls.parse2(ts)
 }
 
@@ -253,6 +257,7 @@ fn parse_expr_value(input: ParseStream, key: &Ident) -> syn::Result<ExprValue> {
         Ok(e)
     })
     .parse2(TokenStream::from(TokenTree::Group(group)))?;
+    check_expr_depth(&expr).map_err(|m| syn::Error::new_spanned(&tokens, m))?;
     Ok(ExprValue { expr, tokens })
 }
 

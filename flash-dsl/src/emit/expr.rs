@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::plan::{range_lookup, AffineAtom, CmpOp, MaskPlan, MaskTree};
 use crate::spec::{BinOp, Dim, Expr, Func, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Var};
+use crate::validate::arith::{int_range, needs_wide, wide_index};
 
 fn field_name(p: &ParamDecl) -> String {
     format!("p_{}", p.name)
@@ -64,16 +65,33 @@ impl ExprCx<'_> {
                 Some(f) => f,
                 None => format!("((float)({}))", self.expr(a)),
             },
+            // Integer nodes whose value may leave `int` are computed in 64 bits (see
+            // `validate::arith`); the others stay 32-bit.
+            Expr::Unary(UnOp::Neg, a) if needs_wide(e, self.params) => {
+                format!("(-(i64)({}))", self.expr(a))
+            }
             Expr::Unary(UnOp::Neg, a) => format!("(-{})", self.expr(a)),
             Expr::Unary(UnOp::Not, a) => format!("(!{})", self.expr(a)),
             Expr::Binary(op, a, b) => {
                 let (x, y) = (self.expr(a), self.expr(b));
+                let wide = needs_wide(e, self.params);
                 match (op, &**b) {
                     // A literal divisor becomes a multiply; otherwise the SFU's 2-ulp division.
                     (BinOp::Div, Expr::Float(c)) if c.get() != 0.0 => {
                         format!("((float)({x}) * {})", float_lit(1.0 / c.get()))
                     }
                     (BinOp::Div, _) => format!("flash::fdivf((float)({x}), (float)({y}))"),
+                    // `x % 0` is 0 (and so is `INT_MIN % -1`): a helper unless the divisor is
+                    // a constant other than 0 and -1.
+                    (BinOp::Rem, Expr::Int(d)) if *d != 0 && *d != -1 && wide => {
+                        format!("((i64)({x}) % (i64)({y}))")
+                    }
+                    (BinOp::Rem, Expr::Int(d)) if *d != 0 && *d != -1 => format!("({x} % {y})"),
+                    (BinOp::Rem, _) if wide => format!("flash::lrem({x}, {y})"),
+                    (BinOp::Rem, _) => format!("flash::irem({x}, {y})"),
+                    (BinOp::Add | BinOp::Sub | BinOp::Mul, _) if wide => {
+                        format!("((i64)({x}) {} (i64)({y}))", binop_cpp(*op))
+                    }
                     (_, _) => format!("({x} {} {y})", binop_cpp(*op)),
                 }
             }
@@ -81,6 +99,9 @@ impl ExprCx<'_> {
                 let int = args[0].ty(self.params) == Ty::Int;
                 let xs: Vec<String> = args.iter().map(|a| self.expr(a)).collect();
                 let name = match (f, int) {
+                    (Func::Abs, true) if needs_wide(e, self.params) => "flash::labs",
+                    (Func::Min, true) if needs_wide(e, self.params) => "flash::lmin",
+                    (Func::Max, true) if needs_wide(e, self.params) => "flash::lmax",
                     (Func::Exp, _) => "flash::fexp",
                     (Func::Log, _) => "flash::flog",
                     (Func::Tanh, _) => "flash::ftanh",
@@ -112,7 +133,7 @@ impl ExprCx<'_> {
     }
 
     /// The flat element offset of `param[idx]`, every index clamped into its dimension ("0"
-    /// for a scalar).
+    /// for a scalar); in 64 bits when the tensor may hold more than `i32::MAX` elements.
     pub(super) fn flat_index(&self, i: usize, idx: &[Expr]) -> String {
         let p = &self.params[i];
         let ParamKind::Tensor { dims, .. } = &p.kind else {
@@ -129,8 +150,15 @@ impl ExprCx<'_> {
                     format!("((flash::imax(args.seq_q, args.seq_k) + {}) / {n})", n - 1)
                 }
             };
-            let clamped = format!("flash::clampi({}, {size})", self.expr(ix));
-            flat = if flat.is_empty() {
+            let clamp = if int_range(ix).fits_i32() {
+                "clampi"
+            } else {
+                "clampl"
+            };
+            let clamped = format!("flash::{clamp}({}, {size})", self.expr(ix));
+            flat = if flat.is_empty() && wide_index(p) {
+                format!("(i64){clamped}")
+            } else if flat.is_empty() {
                 clamped
             } else {
                 format!("({flat}) * {size} + {clamped}")

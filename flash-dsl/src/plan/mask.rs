@@ -344,6 +344,9 @@ fn comparison(op: CmpOp, diff: Linear, atoms: &mut Vec<AffineAtom>) -> MaskTree 
         offset: diff.offset_expr(),
         op,
     };
+    if !atom_is_exact(&atom) {
+        return MaskTree::Opaque;
+    }
     let index = match atoms.iter().position(|a| *a == atom) {
         Some(i) => i,
         None => {
@@ -352,6 +355,24 @@ fn comparison(op: CmpOp, diff: Linear, atoms: &mut Vec<AffineAtom>) -> MaskTree 
         }
     };
     MaskTree::Atom(index)
+}
+
+/// Whether the kernels' 64-bit evaluation of the atom (its corners `cq·q + ck·k + offset`, and
+/// the key hull's bounds derived from them) is exact for every launch within the limits of
+/// [`crate::validate::arith`]: every node of the offset and the extremes within ±2⁶². The
+/// planner re-associates the expression, so this is not implied by validation; an atom that
+/// fails is left opaque (decided per element, exactly).
+fn atom_is_exact(atom: &AffineAtom) -> bool {
+    use crate::validate::arith::{int_range, MAX_SEQ, MAX_WIDE, POSITION_SLACK};
+    let mut nodes_fit = true;
+    atom.offset
+        .visit(&mut |x| nodes_fit &= int_range(x).fits_wide());
+    let off = int_range(&atom.offset);
+    let pos = (MAX_SEQ + POSITION_SLACK) as i128;
+    let extreme = (atom.cq as i128).abs() * pos
+        + (atom.ck as i128).abs() * pos
+        + off.lo.abs().max(off.hi.abs());
+    nodes_fit && extreme <= MAX_WIDE
 }
 
 fn mask_tree(

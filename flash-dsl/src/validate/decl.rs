@@ -4,6 +4,7 @@ use crate::ast::{DimAst, HeadDim, ParamAst};
 use crate::diag::Report;
 use crate::spec::{DType, Dim, ParamDecl, ParamKind, ScalarTy};
 
+use super::arith::MAX_SEQ;
 use super::names::{FUNCTIONS, VARIABLES};
 
 pub(super) fn check_head_dim(hd: &HeadDim, errs: &mut Vec<Report>) -> Option<(u32, u32)> {
@@ -97,7 +98,9 @@ pub(super) fn check_params(ps: &[ParamAst], errs: &mut Vec<Report>) -> Vec<Param
             ));
             continue;
         }
-        if VARIABLES.contains(&name.as_str()) || name == "causal" {
+        if let Some(problem) = super::limits::ident_problem(&name) {
+            errs.push(Report::at(p.name.span(), problem));
+        } else if VARIABLES.contains(&name.as_str()) || name == "causal" {
             errs.push(Report::at(
                 p.name.span(),
                 format!("parameter `{name}` shadows the builtin variable `{name}`; rename it"),
@@ -151,12 +154,15 @@ fn check_dim(d: &DimAst, errs: &mut Vec<Report>) -> Dim {
                     format!("only `seq` can be divided into blocks, like `seq / 128`; got `{id} / {lit}`"),
                 ));
             }
+            // Bounded by the longest sequence, so `seq + N - 1` stays an `int` on the device.
             match lit.base10_parse::<u32>() {
-                Ok(n) if n > 0 && lit.suffix().is_empty() => Dim::SeqBlocks(n),
+                Ok(n) if n > 0 && n as i64 <= MAX_SEQ && lit.suffix().is_empty() => {
+                    Dim::SeqBlocks(n)
+                }
                 _ => {
                     errs.push(Report::spanned(
                         lit,
-                        format!("a block size must be a positive plain integer; got `{lit}`"),
+                        format!("a block size must be a positive plain integer, at most {MAX_SEQ}; got `{lit}`"),
                     ));
                     Dim::SeqBlocks(1)
                 }
@@ -182,13 +188,14 @@ fn check_dim(d: &DimAst, errs: &mut Vec<Report>) -> Dim {
                 ));
                 Dim::Fixed(1)
             }
-            Ok(n) if lit.suffix().is_empty() => Dim::Fixed(n),
+            // The kernels clamp indices into a fixed dimension as `int`s.
+            Ok(n) if lit.suffix().is_empty() && n <= i32::MAX as u32 => Dim::Fixed(n),
             _ => {
                 errs.push(Report::spanned(
                     lit,
                     format!(
                         "fixed dimension must be a plain integer in 1..={}; got `{lit}`",
-                        u32::MAX
+                        i32::MAX
                     ),
                 ));
                 Dim::Fixed(1)

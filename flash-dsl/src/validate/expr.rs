@@ -9,6 +9,7 @@ use quote::ToTokens;
 use crate::diag::Report;
 use crate::spec::{BinOp, Dim, Expr, Func, ParamDecl, ParamKind, Ty, UnOp, Var};
 
+use super::arith::{int_range, MAX_WIDE};
 use super::consts::{const_eval, Const};
 use super::lower::{self, causal_expr, promote, to_float, Typed};
 use super::names::{dim_name, ty_name, FUNCTIONS, VARIABLES};
@@ -56,6 +57,38 @@ impl<'a> Checker<'a> {
 
     fn param(&self, name: &str) -> Option<usize> {
         self.params.iter().position(|p| p.name == name)
+    }
+
+    /// An integer result whose interval (see `arith`) leaves ±2⁶² is an error: no integer may
+    /// wrap, on the host or on the device.
+    fn bounded(&mut self, t: &dyn ToTokens, v: Typed) -> Option<Typed> {
+        if v.1 == Ty::Int {
+            let r = int_range(&v.0);
+            if !r.fits_wide() {
+                self.err(
+                    t,
+                    format!(
+                        "integer expression may overflow: it can reach {} (at most ±{MAX_WIDE} = ±2^62 is computed exactly; ints are i32, positions below 2^29 + 1024)",
+                        if r.hi > MAX_WIDE { r.hi } else { r.lo }
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(v)
+    }
+
+    /// A divisor (of `/` or `%`) that is the constant zero is an error.
+    fn nonzero_divisor(&mut self, t: &dyn ToTokens, what: &str, v: &Typed) -> bool {
+        let zero = match const_eval(&v.0) {
+            Some(Const::Int(0)) => true,
+            Some(Const::Float(f)) => f == 0.0,
+            _ => false,
+        };
+        if zero {
+            self.err(t, format!("{what} is the constant zero"));
+        }
+        !zero
     }
 
     pub(super) fn numeric(&mut self, t: &dyn ToTokens, v: Typed) -> Option<Typed> {
@@ -115,9 +148,15 @@ impl<'a> Checker<'a> {
                     return None;
                 }
                 match i.base10_parse::<i64>() {
-                    Ok(v) => Some((Expr::Int(v), Ty::Int)),
-                    Err(_) => {
-                        self.err(i, format!("integer literal out of range; got {i}"));
+                    Ok(v) if v <= i32::MAX as i64 => Some((Expr::Int(v), Ty::Int)),
+                    _ => {
+                        self.err(
+                            i,
+                            format!(
+                                "integer literal out of range: ints are i32, at most {}; got {i}",
+                                i32::MAX
+                            ),
+                        );
                         None
                     }
                 }
@@ -134,6 +173,17 @@ impl<'a> Checker<'a> {
                     return None;
                 }
                 match f.base10_parse::<f64>() {
+                    // The kernels compute in f32: a literal must be finite there too.
+                    Ok(v) if !(v as f32).is_finite() => {
+                        self.err(
+                            f,
+                            format!(
+                                "float literal out of range: the kernels compute in f32, whose largest value is {:e}; got {f}",
+                                f32::MAX
+                            ),
+                        );
+                        None
+                    }
                     Ok(v) => Some((Expr::float(v), Ty::Float)),
                     Err(_) => {
                         self.err(f, format!("invalid float literal `{f}`"));
@@ -223,7 +273,7 @@ impl<'a> Checker<'a> {
                     Expr::Float(x) => Expr::float(-x.get()),
                     e => Expr::Unary(UnOp::Neg, Box::new(e)),
                 };
-                Some((e, t))
+                self.bounded(u, (e, t))
             }
             syn::UnOp::Not(_) => {
                 let (e, t) = self.boolean(&u.expr, v)?;
@@ -272,12 +322,16 @@ impl<'a> Checker<'a> {
                 let l = self.numeric(&b.left, l);
                 let r = self.numeric(&b.right, r);
                 let (x, y, t) = promote(l?, r?);
-                Some((Expr::bin(op, x, y), t))
+                self.bounded(b, (Expr::bin(op, x, y), t))
             }
             BinOp::Div => {
                 let l = self.numeric(&b.left, l);
                 let r = self.numeric(&b.right, r);
-                Some((Expr::bin(op, to_float(l?), to_float(r?)), Ty::Float))
+                let (l, r) = (l?, r?);
+                if !self.nonzero_divisor(&b.right, "the divisor of `/`", &r) {
+                    return None;
+                }
+                Some((Expr::bin(op, to_float(l), to_float(r)), Ty::Float))
             }
             BinOp::Rem => {
                 let l = self.numeric(&b.left, l);
@@ -287,7 +341,10 @@ impl<'a> Checker<'a> {
                     self.err(b, "`%` takes integer operands; got a float operand");
                     return None;
                 }
-                Some((Expr::bin(op, l.0, r.0), Ty::Int))
+                if !self.nonzero_divisor(&b.right, "the divisor of `%`", &r) {
+                    return None;
+                }
+                self.bounded(b, (Expr::bin(op, l.0, r.0), Ty::Int))
             }
             BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => {
                 let l = self.numeric(&b.left, l);
@@ -366,7 +423,7 @@ impl<'a> Checker<'a> {
         let func = |f: Func, args: Vec<Expr>| Expr::Call(f, args);
         let float1 = |f: Func, x: Typed| (func(f, vec![to_float(x)]), Ty::Float);
         let x = nums.remove(0);
-        Some(match name.as_str() {
+        let v = match name.as_str() {
             "exp" => float1(Func::Exp, x),
             "log" => float1(Func::Log, x),
             "tanh" => float1(Func::Tanh, x),
@@ -378,14 +435,21 @@ impl<'a> Checker<'a> {
                 let (a, b, t) = promote(x, nums.remove(0));
                 (func(f, vec![a, b]), t)
             }
-            "softcap" => lower::softcap(x, nums.remove(0)),
+            "softcap" => {
+                let cap = nums.remove(0);
+                if !self.nonzero_divisor(raw[1], "the cap of `softcap` (a divisor)", &cap) {
+                    return None;
+                }
+                lower::softcap(x, cap)
+            }
             "clamp" => {
                 let (lo, hi) = (nums.remove(0), nums.remove(0));
                 lower::clamp(x, lo, hi)
             }
             "alibi" => lower::alibi(x),
             _ => unreachable!("arity table and lowering cover the same names"),
-        })
+        };
+        self.bounded(c, v)
     }
 
     /// `window(n)`: checks that `n` is a positive int constant or an i32 scalar parameter.

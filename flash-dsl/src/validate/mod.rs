@@ -13,9 +13,11 @@
 //! `consts` (constant folding), `lower` (what shorthands mean), `decl` (head dims, dtype,
 //! params), `expr` (the expression type checker); this module puts a declaration together.
 
+pub mod arith;
 mod consts;
 mod decl;
 mod expr;
+pub mod limits;
 mod lower;
 mod names;
 #[cfg(test)]
@@ -48,11 +50,15 @@ pub fn validate_all(decls: &[Decl]) -> Result<Vec<VariantSpec>, Vec<Report>> {
     let mut names = HashMap::new();
     for decl in decls {
         let name = decl.name.to_string();
-        if names.insert(name.clone(), ()).is_some() {
-            errs.push(Report::at(
-                decl.name.span(),
-                format!("duplicate variant name `{name}`"),
-            ));
+        // Kernel entry points and `flash gen --out` file names are lower case, so names that
+        // differ only by case would share them.
+        if let Some(first) = names.insert(name.to_lowercase(), name.clone()) {
+            let msg = if first == name {
+                format!("duplicate variant name `{name}`")
+            } else {
+                format!("variant names `{first}` and `{name}` differ only by case; kernel and file names are lower case, so they would collide")
+            };
+            errs.push(Report::at(decl.name.span(), msg));
         }
         match validate_reports(decl) {
             Ok(spec) => specs.push(spec),
@@ -69,6 +75,9 @@ pub fn validate_all(decls: &[Decl]) -> Result<Vec<VariantSpec>, Vec<Report>> {
 /// Like [`validate`], keeping the end span of each error (the macro underlines whole ranges).
 pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut errs = Vec::new();
+    if let Some(problem) = limits::ident_problem(&decl.name.to_string()) {
+        errs.push(Report::at(decl.name.span(), problem));
+    }
     for attr in &decl.attrs {
         if doc_text(attr).is_none() {
             errs.push(Report::spanned(
@@ -166,6 +175,17 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             errs.push(Report::spanned(
                 &sv.tokens,
                 format!("scale must be positive and finite; got {v}"),
+            ));
+            return None;
+        }
+        // The kernels receive it (and its product with log2(e)) as an f32.
+        let narrow = (v * std::f64::consts::LOG2_E) as f32;
+        if !(narrow > 0.0 && narrow.is_finite() && (v as f32) > 0.0) {
+            errs.push(Report::spanned(
+                &sv.tokens,
+                format!(
+                    "scale must be positive and finite as an f32 (the kernels compute in f32); {v} is not"
+                ),
             ));
             return None;
         }

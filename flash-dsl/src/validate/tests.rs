@@ -231,7 +231,7 @@ fn diagnostics() {
     one("scale: 0", "scale must be positive and finite; got 0");
     one("scale: -1.5", "scale must be positive and finite; got -1.5");
     one("scale: q", "scale must be a constant number");
-    one("scale: 1 % 0", "this one has no value");
+    one("scale: 1 % 0", "the divisor of `%` is the constant zero");
     one("mask: s > 0.0", "`s` (the score) cannot be used in `mask`");
     one("mask: q - k", "mask must be a bool expression; got int");
     one("score: q < k", "score must be a number");

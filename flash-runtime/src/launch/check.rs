@@ -176,15 +176,28 @@ pub fn resolve_extents_with(
         )));
     }
     for (e, (n, from)) in &ext.values {
-        if *n > i32::MAX as usize {
+        let limit = extent_limit(*e);
+        if *n > limit {
             return Err(invalid(format!(
-                "{} is {n} (from {from}); the kernel's limit is {}",
+                "{} is {n} (from {from}); the kernel's limit is {limit}",
                 e.name(),
-                i32::MAX
             )));
         }
     }
     Ok(ext)
+}
+
+/// The largest value of an extent at a launch. Batch, heads and sequence lengths are bounded
+/// by the arithmetic model of `flash_dsl::validate::arith` (the kernels compute the declared
+/// expressions in 32-bit ints where these bounds prove it exact); the rest by `int`.
+pub fn extent_limit(e: Extent) -> usize {
+    use flash_dsl::validate::arith::{MAX_BATCH, MAX_HEADS, MAX_SEQ};
+    match e {
+        Extent::Batch => MAX_BATCH as usize,
+        Extent::HeadsQ | Extent::HeadsKv => MAX_HEADS as usize,
+        Extent::SeqQ | Extent::SeqK => MAX_SEQ as usize,
+        _ => i32::MAX as usize,
+    }
 }
 
 /// Layout of one bound operand: strides and alignment the kernel's loads need, the extent
