@@ -16,9 +16,12 @@ pub struct Decl {
     pub attrs: Vec<Attribute>,
     /// `pub`, if written.
     pub vis: Option<Token![pub]>,
+    /// The variant's name (`GemmaLocal`), which becomes the type the macro declares.
     pub name: Ident,
     /// Span of the `{ ... }` body.
     pub body_span: Span,
+    /// The `key: value` entries of the body, in source order (duplicates and unknown keys
+    /// included, for validation to report).
     pub entries: Vec<Entry>,
     /// The declaration's original tokens, attributes included. Their `to_string()` re-parses to
     /// the same declaration (the macro stores it as `Variant::SOURCE`).
@@ -63,7 +66,9 @@ pub fn doc_text(attr: &Attribute) -> Option<String> {
 /// One `key: value` entry of a declaration body.
 #[derive(Debug, Clone)]
 pub struct Entry {
+    /// The key as written (`head_dim`, `mask`, …), known or not.
     pub key: Ident,
+    /// The value, parsed according to the key.
     pub value: Value,
 }
 
@@ -87,6 +92,7 @@ pub enum Value {
 /// exactly two there: the qk and the v dimension).
 #[derive(Debug, Clone)]
 pub struct HeadDim {
+    /// The integer literals as written, in order (not yet range-checked).
     pub sizes: Vec<LitInt>,
     /// `Some` when the value was written in parentheses; the span of the parentheses.
     pub paren: Option<Span>,
@@ -97,14 +103,18 @@ pub struct HeadDim {
 /// tokens as written.
 #[derive(Debug, Clone)]
 pub struct ExprValue {
+    /// The parsed (rewritten) expression that validation lowers to a [`crate::spec::Expr`].
     pub expr: syn::Expr,
+    /// The tokens as written, for spans and messages.
     pub tokens: TokenStream,
 }
 
 /// One parameter declaration, `name: f32` or `name: [f32; heads, 256]`.
 #[derive(Debug, Clone)]
 pub struct ParamAst {
+    /// The parameter's name, as expressions refer to it.
     pub name: Ident,
+    /// Its written type, scalar or tensor.
     pub ty: ParamTyAst,
 }
 

@@ -72,6 +72,27 @@ pub struct ScoreGradient {
 
 /// The score derivatives of `spec`; `None` when the variant has no score expression, where
 /// `∂Z/∂s = 1` and no parameter has a gradient.
+///
+/// A learnable temperature on a soft-capped score:
+///
+/// ```
+/// use flash_dsl::deriv::{display, score_gradient};
+///
+/// let spec = flash_dsl::parse::parse_str(
+///     "Soft { head_dim: 64, dtype: bf16, params: { t: f32 }, score: 30.0 * tanh(s / 30.0) * t }",
+/// )
+/// .unwrap()
+/// .remove(0);
+/// let g = score_gradient(&spec).unwrap();
+/// assert_eq!(
+///     display(&g.d_ds, &spec.params),
+///     "(1.0 - tanh(s / 30.0) * tanh(s / 30.0)) * t"
+/// );
+/// assert_eq!(g.params.len(), 1);
+/// assert_eq!(spec.params[g.params[0].param].name, "t");
+/// assert!(g.params[0].index.is_empty()); // a scalar
+/// assert_eq!(display(&g.params[0].d, &spec.params), "30.0 * tanh(s / 30.0)");
+/// ```
 pub fn score_gradient(spec: &VariantSpec) -> Option<ScoreGradient> {
     let e = spec.score.as_ref()?;
     Some(ScoreGradient {

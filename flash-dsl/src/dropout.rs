@@ -39,7 +39,11 @@ use crate::spec::{Dropout, VariantSpec};
 /// sub-stream (advance it between launches that must not share a mask, as frameworks do).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DropoutRng {
+    /// The user's seed: its low word and (xor the offset's high word) its high word form the
+    /// Philox key.
     pub seed: u64,
+    /// The sub-stream: its low word is the Philox counter's last word, its high word is mixed
+    /// into the key.
     pub offset: u64,
 }
 
@@ -174,6 +178,9 @@ pub struct DropoutFactor {
 }
 
 impl DropoutFactor {
+    /// The factors of one launch: `spec`'s probability for these `params` (panics unless it lies
+    /// in `[0, 1)`), the generator state `rng`, and the number of query heads `heads_q`, which
+    /// flattens (b, h) into the generator's head counter `b·heads_q + h`.
     pub fn new(spec: &VariantSpec, params: &ParamValues, rng: DropoutRng, heads_q: usize) -> Self {
         let p = probability(spec, params);
         if let Some(p) = p {

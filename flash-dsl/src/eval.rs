@@ -18,7 +18,9 @@ use crate::spec::{BinOp, Dim, Expr, Func, ParamKind, UnOp, Var, VariantSpec};
 /// Runtime value of one declared parameter.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParamValue {
+    /// Value of an `i32` scalar (held widened; the kernel sees it as `int`).
     Int(i64),
+    /// Value of an `f32` scalar (held widened; the kernel sees it as `float`).
     Float(f64),
     /// Row-major contiguous elements of an `i32` tensor, shape from [`tensor_shape`].
     IntTensor(Vec<i64>),
@@ -31,6 +33,7 @@ pub enum ParamValue {
 pub struct ParamValues(pub Vec<ParamValue>);
 
 impl ParamValues {
+    /// Values in declaration order, one per entry of `VariantSpec::params`.
     pub fn new(values: Vec<ParamValue>) -> Self {
         ParamValues(values)
     }
@@ -43,10 +46,13 @@ impl ParamValues {
 /// Sizes of one launch that tensor dimensions resolve against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
+    /// Batch size: the extent of a `Batch` dimension.
     pub batch: usize,
     /// Query heads: a `Heads` dimension is indexed by the query head `h`.
     pub heads: usize,
+    /// Query positions (`seq_q` in expressions).
     pub seq_q: usize,
+    /// Key positions (`seq_k` in expressions).
     pub seq_k: usize,
 }
 
@@ -67,8 +73,11 @@ pub fn tensor_shape(dims: &[Dim], sizes: Sizes) -> Vec<usize> {
 /// Value of an expression node.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value {
+    /// Result of an integer expression, computed here in `i64`.
     Int(i64),
+    /// Result of a float expression (`float` in the kernel, evaluated here in `f64`).
     Float(f64),
+    /// Result of a boolean expression (a mask, a comparison).
     Bool(bool),
 }
 
@@ -81,12 +90,14 @@ impl Value {
             Value::Bool(b) => panic!("expected a number, got the boolean {b}"),
         }
     }
+    /// As an integer; panics on a float or a bool (validation rules that out for a valid spec).
     pub fn as_i64(self) -> i64 {
         match self {
             Value::Int(i) => i,
             other => panic!("expected an integer, got {other:?}"),
         }
     }
+    /// As a boolean; panics on a number (validation rules that out for a valid spec).
     pub fn as_bool(self) -> bool {
         match self {
             Value::Bool(b) => b,
@@ -96,25 +107,56 @@ impl Value {
 }
 
 /// Everything constant over one launch: the variant, its parameter values, the sizes.
+///
+/// Evaluating the mask and score of a sliding-window variant at single points:
+///
+/// ```
+/// use flash_dsl::eval::{Env, ParamValue, ParamValues, Point, Sizes};
+///
+/// let spec = flash_dsl::parse::parse_str(
+///     "Window { head_dim: 64, dtype: bf16, params: { w: i32 },
+///               mask: causal && q - k < w, score: s * 2.0 }",
+/// )
+/// .unwrap()
+/// .remove(0);
+/// let params = ParamValues::new(vec![ParamValue::Int(4)]);
+/// let sizes = Sizes { batch: 1, heads: 1, seq_q: 16, seq_k: 16 };
+/// let env = Env::new(&spec, &params, sizes);
+///
+/// let at = |q, k| Point { b: 0, h: 0, q, k, s: 0.25 };
+/// assert!(env.mask(&at(10, 7))); // inside the window
+/// assert!(!env.mask(&at(10, 6))); // q - k == w: outside
+/// assert!(!env.mask(&at(3, 5))); // a future key: causal
+/// assert_eq!(env.score(&at(10, 7)), 0.5);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Env<'a> {
+    /// The variant whose expressions are evaluated.
     pub spec: &'a VariantSpec,
+    /// One value per parameter of `spec`, in declaration order.
     pub params: &'a ParamValues,
+    /// Launch sizes: the extents of tensor dimensions and the values of `seq_q` / `seq_k`.
     pub sizes: Sizes,
 }
 
 /// The element being evaluated: batch, query head, query and key position, and the score.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Point {
+    /// Batch index `b`, in `0..batch`.
     pub b: i64,
+    /// Query head index `h`, in `0..heads`.
     pub h: i64,
+    /// Query position `q`, in `0..seq_q`.
     pub q: i64,
+    /// Key position `k`, in `0..seq_k`.
     pub k: i64,
     /// The scaled score `scale * q·k`; only read by score expressions.
     pub s: f64,
 }
 
 impl<'a> Env<'a> {
+    /// Bundles a launch's constants; panics unless `params` holds exactly one value per
+    /// declared parameter.
     pub fn new(spec: &'a VariantSpec, params: &'a ParamValues, sizes: Sizes) -> Self {
         assert_eq!(
             params.0.len(),

@@ -6,6 +6,7 @@
 pub struct SplitMix(pub u64);
 
 impl SplitMix {
+    /// Advances the state and returns the next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

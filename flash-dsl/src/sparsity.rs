@@ -12,6 +12,31 @@ use crate::spec::Sparsity;
 /// `random` blocks drawn uniformly, in that order, truncated to the layout's slots; unused slots
 /// hold −1 (and repeats are possible, as the layout allows). One row per (batch, head, query
 /// block) as the layout's dimensions say.
+///
+/// A per-head layout of 128-position blocks, 4 slots per query block, with one local neighbour
+/// on each side and one global block (no random ones, so every head gets the same rows):
+///
+/// ```
+/// use flash_dsl::eval::Sizes;
+/// use flash_dsl::rng::SplitMix;
+/// use flash_dsl::sparsity::bigbird_layout;
+///
+/// let spec = flash_dsl::parse::parse_str(
+///     "BigBird { head_dim: 64, dtype: bf16,
+///                params: { blocks: [i32; heads, seq / 128, 4] }, sparsity: blocks }",
+/// )
+/// .unwrap()
+/// .remove(0);
+/// let sp = spec.sparsity.unwrap();
+/// let sizes = Sizes { batch: 1, heads: 2, seq_q: 512, seq_k: 512 };
+/// let layout = bigbird_layout(&sp, sizes, (3, 1, 0), &mut SplitMix(1));
+/// assert_eq!(layout.len(), 2 * 4 * 4); // [heads, seq / 128, 4]
+/// // Query block 0: local 0, 1 (block -1 is outside), global 0, one unused slot.
+/// assert_eq!(&layout[..4], &[0, 1, 0, -1]);
+/// // Query block 2: local 1, 2, 3, global 0.
+/// assert_eq!(&layout[8..12], &[1, 2, 3, 0]);
+/// assert_eq!(&layout[..16], &layout[16..]);
+/// ```
 pub fn bigbird_layout(
     sp: &Sparsity,
     sizes: Sizes,

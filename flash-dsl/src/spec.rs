@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 /// place it goes, and every `match` on it will then say what still needs doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
+    /// IEEE 754 half precision (`__half`): 10 mantissa bits, range ±65504.
     F16,
+    /// bfloat16 (`__nv_bfloat16`): 7 mantissa bits, the exponent range of `f32`.
     Bf16,
 }
 
@@ -54,11 +56,14 @@ impl DType {
 /// Element type of a user parameter (scalar or tensor element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ScalarTy {
+    /// 32-bit signed integer (`int` in the kernel); an [`Ty::Int`] in expressions.
     I32,
+    /// 32-bit float (`float` in the kernel); a [`Ty::Float`] in expressions.
     F32,
 }
 
 impl ScalarTy {
+    /// Name used in the DSL (`i32`, `f32`).
     pub fn name(self) -> &'static str {
         match self {
             ScalarTy::I32 => "i32",
@@ -80,9 +85,13 @@ impl ScalarTy {
 /// read out of bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Dim {
+    /// `batch`: the launch's batch size, indexed only by `b`.
     Batch,
+    /// `heads`: the launch's number of query heads, indexed only by `h`.
     Heads,
+    /// `seq`: `max(seq_q, seq_k)` positions, indexed only by `q` or `k`.
     Seq,
+    /// A size fixed in the declaration (`8`); any integer index, clamped into `[0, n-1]`.
     Fixed(u32),
     /// `seq / N`: ⌈max(seq_q, seq_k) / N⌉ blocks of N positions (a block-sparse layout's query
     /// blocks); indexed like a fixed dimension (any integer expression, clamped).
@@ -93,16 +102,22 @@ pub enum Dim {
 /// kernel's argument struct.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ParamDecl {
+    /// The parameter's name in the declaration; also its field name in the argument struct.
     pub name: String,
+    /// Scalar or tensor, and its element type.
     pub kind: ParamKind,
 }
 
+/// What a declared parameter is: one value, or a tensor read element-wise by expressions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ParamKind {
+    /// A single value of the given type, passed by value in the argument struct.
     Scalar(ScalarTy),
     /// Row-major contiguous tensor with the given dimensions.
     Tensor {
+        /// Element type (`i32` or `f32`).
         elem: ScalarTy,
+        /// Dimensions, outermost first; indexed with one expression per dimension.
         dims: Vec<Dim>,
     },
 }
@@ -110,8 +125,12 @@ pub enum ParamKind {
 /// Type of an expression node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Ty {
+    /// Integer: `i64` in the evaluator; `int` in the kernel (`long long` where validation finds
+    /// the value may leave `i32`).
     Int,
+    /// Float: `f64` in the evaluator, `float` in the kernel.
     Float,
+    /// Boolean: the result of comparisons and `&&`/`||`/`!`; the type a mask must have.
     Bool,
 }
 
@@ -135,6 +154,7 @@ pub enum Var {
 }
 
 impl Var {
+    /// Expression type of the variable: [`Ty::Float`] for `s`, [`Ty::Int`] for the rest.
     pub fn ty(self) -> Ty {
         match self {
             Var::S => Ty::Float,
@@ -143,51 +163,77 @@ impl Var {
     }
 }
 
+/// Unary operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnOp {
+    /// `-x`, on an int or a float; keeps the operand's type.
     Neg,
+    /// `!x`, on a bool.
     Not,
 }
 
+/// Binary operators. Arithmetic keeps the left operand's type (validation has already made
+/// both sides agree); comparisons and `&&`/`||` give a [`Ty::Bool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BinOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
     /// Always a float division (both sides promoted), as in Python's `/`.
     Div,
     /// Integer remainder; both sides must be integers.
     Rem,
+    /// `a < b`.
     Lt,
+    /// `a <= b`.
     Le,
+    /// `a > b`.
     Gt,
+    /// `a >= b`.
     Ge,
+    /// `a == b`.
     Eq,
+    /// `a != b`.
     Ne,
+    /// `a && b`, short-circuiting: `b` is evaluated only when `a` holds.
     And,
+    /// `a || b`, short-circuiting: `b` is evaluated only when `a` does not hold.
     Or,
 }
 
 /// Built-in functions. Shorthands (`softcap`, `alibi`, `clamp`) are lowered before this point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Func {
+    /// `exp(x)`, float.
     Exp,
+    /// `log(x)`, natural logarithm, float.
     Log,
+    /// `tanh(x)`, float.
     Tanh,
+    /// `sigmoid(x) = 1 / (1 + exp(-x))`, float.
     Sigmoid,
+    /// `sqrt(x)`, float.
     Sqrt,
+    /// `abs(x)`; keeps the argument's type (int or float).
     Abs,
+    /// `min(a, b)`; keeps the arguments' type.
     Min,
+    /// `max(a, b)`; keeps the arguments' type.
     Max,
 }
 
 impl Func {
+    /// Number of arguments: 2 for `min`/`max`, 1 otherwise.
     pub fn arity(self) -> usize {
         match self {
             Func::Min | Func::Max => 2,
             _ => 1,
         }
     }
+    /// Name used in the DSL (`exp`, `sigmoid`, …).
     pub fn name(self) -> &'static str {
         match self {
             Func::Exp => "exp",
@@ -208,9 +254,11 @@ impl Func {
 pub struct F64Bits(pub u64);
 
 impl F64Bits {
+    /// Stores `v` by its bit pattern (so `0.0` and `-0.0` differ, and a NaN equals itself).
     pub fn new(v: f64) -> Self {
         F64Bits(v.to_bits())
     }
+    /// The stored value.
     pub fn get(self) -> f64 {
         f64::from_bits(self.0)
     }
@@ -226,9 +274,13 @@ impl std::fmt::Debug for F64Bits {
 /// [`Expr::ty`]); validation guarantees the tree is well typed, so later stages never check.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Expr {
+    /// Integer literal.
     Int(i64),
+    /// Float literal.
     Float(F64Bits),
+    /// Boolean literal (`true` / `false`).
     Bool(bool),
+    /// A built-in variable (`q`, `k`, `s`, …).
     Var(Var),
     /// A scalar parameter, by index into `VariantSpec::params`.
     Scalar(usize),
@@ -237,17 +289,22 @@ pub enum Expr {
     Index(usize, Vec<Expr>),
     /// Integer to float conversion, inserted by validation wherever an int meets a float.
     ToFloat(Box<Expr>),
+    /// A unary operator applied to its operand.
     Unary(UnOp, Box<Expr>),
+    /// A binary operator applied to its left and right operands.
     Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// A built-in function call; `args.len() == f.arity()`.
     Call(Func, Vec<Expr>),
     /// `if c { a } else { b }`.
     Select(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
 impl Expr {
+    /// A float literal node.
     pub fn float(v: f64) -> Expr {
         Expr::Float(F64Bits::new(v))
     }
+    /// A binary node `a op b` (boxes both operands).
     pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
         Expr::Binary(op, Box::new(a), Box::new(b))
     }
@@ -316,9 +373,12 @@ pub struct VariantSpec {
     pub head_dim_qk: u32,
     /// Head dimension of V and O (defaults to `head_dim_qk`).
     pub head_dim_v: u32,
+    /// Element type of Q, K, V and O (accumulation is always `f32`).
     pub dtype: DType,
     /// Softmax scale; `None` means `1/sqrt(head_dim_qk)`.
     pub scale: Option<F64Bits>,
+    /// Declared runtime parameters, in declaration order; [`Expr::Scalar`] and
+    /// [`Expr::Index`] refer to them by position.
     pub params: Vec<ParamDecl>,
     /// Boolean mask expression; `None` means every key is visible.
     pub mask: Option<Expr>,
@@ -344,8 +404,9 @@ pub struct Sparsity {
     pub block: u32,
     /// Key blocks listed per query block (its last dimension).
     pub slots: u32,
-    /// The layout has a leading `batch` / `heads` dimension.
+    /// The layout has a leading `batch` dimension (one layout per batch element).
     pub per_batch: bool,
+    /// The layout has a `heads` dimension (one layout per query head).
     pub per_head: bool,
 }
 

@@ -5,7 +5,7 @@
 //! constants, hooks and the tile walk, the accumulator-layout softmax and epilogue, the Hopper
 //! wgmma/mbarrier/TMA wrappers). This module only computes what they are filled with: constants,
 //! the argument struct's fields (from the plan's operands) and the hook bodies translated from
-//! the plan's expression trees ([`expr`]). Output is a pure function of the plan, so equal
+//! the plan's expression trees (`expr`). Output is a pure function of the plan, so equal
 //! plans give byte-identical source (and share a compile-cache entry).
 
 mod expr;
@@ -245,6 +245,23 @@ fn arg_fields(plan: &KernelPlan) -> Vec<String> {
 }
 
 /// Emits the CUDA source of `plan`.
+///
+/// The source defines the plan's entry point and static-asserts the argument struct's size;
+/// NVRTC compiles it with [`CudaSource::headers`] (no GPU is needed to generate it):
+///
+/// ```
+/// let spec = flash_dsl::parse::parse_str("Causal { head_dim: 64, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let plan = flash_dsl::plan(&spec, None).unwrap();
+/// let cuda = flash_dsl::emit(&plan);
+/// assert_eq!(cuda.kernel_name, plan.kernel_name);
+/// assert!(cuda.source.contains(&format!("{}(", cuda.kernel_name)));
+/// assert_eq!((cuda.smem_bytes, cuda.threads), (plan.smem_bytes(), plan.threads()));
+/// assert!(cuda.headers.iter().any(|(name, _)| name == flash_dsl::emit::PRELUDE_NAME));
+/// // Deterministic: equal plans give byte-identical source.
+/// assert_eq!(flash_dsl::emit(&plan).source, cuda.source);
+/// ```
 pub fn emit(plan: &KernelPlan) -> CudaSource {
     let spec = &plan.spec;
     let cfg = plan.config;

@@ -2,7 +2,7 @@
 //!
 //! It does what the kernel does, in the kernel's order: one query tile of `block_m` rows at a
 //! time walks the key tiles of `block_n` columns; each (query tile, key tile) pair is classified
-//! with [`classify`] — `Empty` tiles are never touched, `Full` tiles run no mask code, `Partial`
+//! with [`classify()`] — `Empty` tiles are never touched, `Full` tiles run no mask code, `Partial`
 //! tiles evaluate the mask per element — and an online softmax (running max `m`, running sum
 //! `l`, unnormalised accumulator rescaled by `exp(m_old - m_new)`) folds the tiles in. Compared
 //! with [`reference::forward`](crate::model::reference::forward) at f64 precision it checks the plan:

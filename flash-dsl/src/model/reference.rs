@@ -18,10 +18,15 @@ use crate::spec::VariantSpec;
 /// One attention problem: shapes, inputs and parameter values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
+    /// Batch size.
     pub batch: usize,
+    /// Query (and output) heads; a multiple of `heads_kv`.
     pub heads_q: usize,
+    /// Key/value heads (`heads_q` for MHA, fewer for GQA, 1 for MQA).
     pub heads_kv: usize,
+    /// Query positions.
     pub seq_q: usize,
+    /// Key/value positions.
     pub seq_k: usize,
     /// `[batch, seq_q, heads_q, head_dim_qk]`.
     pub q: Vec<f64>,
@@ -29,6 +34,7 @@ pub struct Problem {
     pub k: Vec<f64>,
     /// `[batch, seq_k, heads_kv, head_dim_v]`.
     pub v: Vec<f64>,
+    /// Values of the variant's declared parameters, in declaration order.
     pub params: ParamValues,
     /// The dropout generator's seed and offset (read only by variants with dropout).
     pub rng: DropoutRng,
@@ -139,7 +145,6 @@ impl Problem {
     }
 }
 
-/// Float64 forward pass: `s = scale·q·k`, then the score modification, then the mask (masked
 /// The keys query `i` of `(b, h)` sees under the mask, each with its element's point (score 0
 /// until the caller computes it in its own precision). One loop for every CPU model.
 pub(crate) fn visible_keys<'e>(
@@ -163,7 +168,27 @@ pub(crate) fn visible_keys<'e>(
         .filter(|(_, pt)| env.mask(pt))
 }
 
+/// Float64 forward pass: `s = scale·q·k`, then the score modification, then the mask (masked
 /// keys are left out of the softmax), then `softmax(s)·v`.
+///
+/// A causal problem of two positions: query 0 sees only key 0, so its output is `v[0]` and its
+/// LSE is its one score.
+///
+/// ```
+/// use flash_dsl::eval::ParamValues;
+/// use flash_dsl::model::reference::{forward, Problem};
+///
+/// let spec = flash_dsl::parse::parse_str("Causal { head_dim: 8, dtype: f16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let p = Problem::random(&spec, 1, 1, 1, 2, 2, ParamValues::none(), 7);
+/// let out = forward(&spec, &p);
+/// assert_eq!(out.o.len(), 2 * 8); // [batch, seq_q, heads_q, head_dim_v]
+/// assert_eq!(&out.o[..8], &p.v[..8]);
+/// let s00: f64 = p.q[..8].iter().zip(&p.k[..8]).map(|(a, b)| a * b).sum::<f64>()
+///     * spec.softmax_scale();
+/// assert!((out.lse[0] - s00).abs() < 1e-12);
+/// ```
 pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);

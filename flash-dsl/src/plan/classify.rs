@@ -27,10 +27,15 @@ pub enum TileClass {
 /// integer scalar params (by param index; other params read as 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TileEnv {
+    /// Query positions of the launch (`seq_q` in expressions).
     pub seq_q: i64,
+    /// Key positions of the launch (`seq_k` in expressions).
     pub seq_k: i64,
+    /// The block's batch index.
     pub b: i64,
+    /// The block's query head.
     pub h: i64,
+    /// Integer scalar params by param index (0 for every other param).
     pub scalars: Vec<i64>,
     /// Integer tensor params by param index (empty for others), for [`RangeAtom`] bounds.
     pub int_tensors: Vec<Vec<i64>>,
@@ -271,6 +276,24 @@ pub fn classify(
 
 /// Classes of every key tile for query tile `query_tile` of a `seq_q × seq_k` problem (tiles
 /// clipped at the sequence ends). A dense plan gives all `Full`.
+///
+/// A causal mask with 128 × 64 tiles over 256 positions: the first query tile (rows 0..=127)
+/// straddles the diagonal in key tiles 0 and 1 and sees nothing of 2 and 3; the second sees all
+/// of key tiles 0 and 1.
+///
+/// ```
+/// use flash_dsl::eval::ParamValues;
+/// use flash_dsl::plan::{key_tile_classes, plan, TileClass::*, TileEnv};
+///
+/// let spec = flash_dsl::parse::parse_str("Causal { head_dim: 64, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let plan = plan(&spec, None).unwrap();
+/// assert_eq!((plan.config.block_m, plan.config.block_n), (128, 64));
+/// let env = TileEnv::new(0, 0, 256, 256, &ParamValues::none());
+/// assert_eq!(key_tile_classes(&plan, &env, 0, 256, 256), [Partial, Partial, Empty, Empty]);
+/// assert_eq!(key_tile_classes(&plan, &env, 1, 256, 256), [Full, Full, Partial, Partial]);
+/// ```
 pub fn key_tile_classes(
     plan: &KernelPlan,
     env: &TileEnv,

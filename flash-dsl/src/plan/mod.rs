@@ -12,7 +12,7 @@
 //! new kind goes.
 //!
 //! Modules: [`tile`] (tile configurations, their rules and defaults), [`operand`] (operands,
-//! argument layout, grid rules), [`mask`] (mask analysis into atoms), [`classify`] (the host
+//! argument layout, grid rules), [`mask`] (mask analysis into atoms), [`classify`](mod@classify) (the host
 //! mirror of the kernels' tile classification), [`forward`] (the forward kind).
 
 pub mod backward;
@@ -91,13 +91,17 @@ impl KernelKind {
 /// Everything the emitter needs for one kernel, and the runtime for one launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KernelPlan {
+    /// What the kernel computes; picks the template folder.
     pub kind: KernelKind,
+    /// The variant, copied in so a plan alone determines the emitted source.
     pub spec: VariantSpec,
+    /// Tile shape and kernel family.
     pub config: TileConfig,
     /// The tensors the kernel reads and writes, in argument-struct order.
     pub operands: Vec<Operand>,
     /// Byte layout of the argument struct, derived from the operands and the spec's params.
     pub args: ArgLayout,
+    /// Grid rule, threads per block and dynamic shared memory.
     pub launch: LaunchShape,
     /// `None` for a dense variant.
     pub mask: Option<MaskPlan>,
@@ -146,6 +150,7 @@ impl KernelPlan {
 /// The kernels of one pass, launched in order on one stream.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Pipeline {
+    /// The plans in launch order; each kernel may read what the earlier ones wrote.
     pub kernels: Vec<KernelPlan>,
 }
 
@@ -181,6 +186,28 @@ pub fn kernel_name(kind: KernelKind, spec: &VariantSpec, cfg: &TileConfig) -> St
 }
 
 /// Plans the forward kernel of `spec` with `config` (or the sm80 default for its head dim).
+///
+/// ```
+/// use flash_dsl::plan::{default_config_for, plan, KernelFamily};
+///
+/// let spec = flash_dsl::parse::parse_str("Causal { head_dim: 128, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+///
+/// // The sm80 default: 128 query rows, 32 keys per step, 4 warps, double-buffered.
+/// let p = plan(&spec, None).unwrap();
+/// assert_eq!(p.kernel_name, "flash_fwd_causal_bf16_d128x128_m128n32w4s2");
+/// assert_eq!(p.threads(), 128);
+/// // Q tile plus two K and V tiles, bf16: 2·(128·128 + 2·32·(128 + 128)) bytes.
+/// assert_eq!(p.smem_bytes(), 65536);
+/// assert_eq!(p.query_tiles(1000), 8);
+///
+/// // The warp-specialised sm_90a family, with its own default tile.
+/// let cfg = default_config_for(&spec, KernelFamily::Sm90Ws);
+/// let p = plan(&spec, Some(cfg)).unwrap();
+/// assert!(p.kernel_name.ends_with("_sm90ws"));
+/// assert!(p.operand("q").unwrap().1.tma_rows.is_some());
+/// ```
 pub fn plan(spec: &VariantSpec, config: Option<TileConfig>) -> Result<KernelPlan, PlanError> {
     forward::plan_forward(spec, config.unwrap_or_else(|| default_config(spec)))
 }

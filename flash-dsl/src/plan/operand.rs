@@ -16,7 +16,9 @@ use crate::spec::{DType, ParamKind, VariantSpec};
 pub enum OperandType {
     /// The variant's storage type (bf16, f16).
     Storage(DType),
+    /// 32-bit float (the LSE, fp32 accumulators, softmax statistics).
     F32,
+    /// 32-bit signed integer (block maps, the persistent kernel's work counter).
     I32,
 }
 
@@ -28,6 +30,7 @@ impl OperandType {
             OperandType::F32 | OperandType::I32 => 4,
         }
     }
+    /// Short name for messages and bindings: the dtype's name for storage, else `f32` / `i32`.
     pub fn name(self) -> &'static str {
         match self {
             OperandType::Storage(d) => d.name(),
@@ -54,18 +57,26 @@ impl OperandType {
 /// agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Extent {
+    /// Batch size.
     Batch,
+    /// Query positions.
     SeqQ,
+    /// Key/value positions.
     SeqK,
+    /// Query (and output) heads.
     HeadsQ,
+    /// Key/value heads (a divisor of `HeadsQ`: GQA / MQA).
     HeadsKv,
+    /// Head dim of Q and K, fixed by the spec.
     HeadDimQk,
+    /// Head dim of V and O, fixed by the spec.
     HeadDimV,
     /// Words of the block map (see `plan::block_map`), derived from the others and the plan.
     MapLen,
 }
 
 impl Extent {
+    /// Every extent, in declaration order (the order launch checks resolve them in).
     pub const ALL: [Extent; 8] = [
         Extent::Batch,
         Extent::SeqQ,
@@ -76,6 +87,7 @@ impl Extent {
         Extent::HeadDimV,
         Extent::MapLen,
     ];
+    /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
         match self {
             Extent::Batch => "batch",
@@ -102,7 +114,10 @@ impl Extent {
 /// threads would write one element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Role {
+    /// Read only (a `const` pointer in the argument struct).
     Input,
+    /// Written by the kernel; its strides must not map two elements to one address (checked at
+    /// launch).
     Output,
 }
 
@@ -122,9 +137,14 @@ pub enum Layout {
 pub struct Operand {
     /// The name in the argument struct, in error messages and in the runtime's bindings.
     pub name: String,
+    /// Read or written.
     pub role: Role,
+    /// Element type.
     pub ty: OperandType,
+    /// Logical shape, outermost first (q is `[Batch, SeqQ, HeadsQ, HeadDimQk]`); empty for a
+    /// single element.
     pub dims: Vec<Extent>,
+    /// Strided (strides travel in the argument struct) or contiguous.
     pub layout: Layout,
     /// The operand holding this one's block scales (fp8), by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,6 +156,7 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// An operand without block scales and not loaded through TMA.
     pub fn new(name: &str, role: Role, ty: OperandType, dims: &[Extent], layout: Layout) -> Self {
         Operand {
             name: name.to_string(),
@@ -184,9 +205,11 @@ pub enum ArgField {
 /// A field and its place.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ArgSlot {
+    /// What the field holds.
     pub field: ArgField,
     /// Byte offset from the start of the struct.
     pub offset: u32,
+    /// Size of the field in bytes.
     pub size: u32,
 }
 
@@ -195,7 +218,9 @@ pub struct ArgSlot {
 /// source `static_assert`s the total, so a disagreement fails at NVRTC time, not at launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ArgLayout {
+    /// The fields in struct order, with increasing offsets.
     pub slots: Vec<ArgSlot>,
+    /// `sizeof` the struct in bytes: past the last field, rounded up to the largest alignment.
     pub total_size: u32,
 }
 
@@ -282,18 +307,31 @@ pub fn arg_layout_with(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GridRule {
     /// `(ceil(seq_q / rows), heads_q, batch)`: one block per query tile of each head.
-    QueryTiles { rows: u32 },
+    QueryTiles {
+        /// Query positions per tile (`block_m`).
+        rows: u32,
+    },
     /// `(ceil(seq_k / rows), heads_kv, batch)`: one block per key tile of each KV head.
-    KeyTilesKvHeads { rows: u32 },
+    KeyTilesKvHeads {
+        /// Key positions per tile (`block_n`).
+        rows: u32,
+    },
     /// `(min(ceil(seq_q / rows) · heads_q · batch, SMs), 1, 1)`: a persistent kernel whose blocks
     /// loop over the (query tile, head, batch) items, at most one block per SM.
-    Persistent { rows: u32 },
+    Persistent {
+        /// Query positions per work item (`block_m`).
+        rows: u32,
+    },
     /// `(row tiles, heads_q or 1, batch or 1)`: one block per row of a block map (row tiles of
     /// `tile` query positions, or key positions when `along_keys`).
     MapRows {
+        /// Positions per row tile.
         tile: u32,
+        /// Rows are key tiles (the backward's map) rather than query tiles.
         along_keys: bool,
+        /// One map per batch element (the grid's z is `batch`, else 1).
         per_batch: bool,
+        /// One map per query head (the grid's y is `heads_q`, else 1).
         per_head: bool,
     },
 }
@@ -341,7 +379,9 @@ impl GridRule {
 /// Block shape and shared memory of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LaunchShape {
+    /// How the grid follows from the launch's extents.
     pub grid: GridRule,
+    /// Threads per block (a whole number of warps).
     pub threads: u32,
     /// Dynamic shared memory per block, bytes.
     pub smem_bytes: u32,

@@ -59,48 +59,96 @@ impl KernelFamily {
 /// offending value and the limit it broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
+    /// sm80: `warps` (the value given) is not 4 or 8.
     #[error("warps must be 4 or 8; got {0}")]
     Warps(u32),
+    /// sm80: `block_m / warps` is not a whole 16 or 32 rows per warp.
     #[error(
         "each warp must own 16 or 32 query rows (block_m / warps); got block_m {block_m} / warps {warps}"
     )]
-    RowsPerWarp { block_m: u32, warps: u32 },
+    RowsPerWarp {
+        /// The configuration's query rows per block.
+        block_m: u32,
+        /// The configuration's warps per block.
+        warps: u32,
+    },
+    /// sm80: `block_n` (the value given) is not 32, 64 or 128.
     #[error("block_n must be 32, 64 or 128; got {0}")]
     BlockN(u32),
+    /// sm80: `stages` (the value given) is not 1 or 2.
     #[error("the sm80 forward kernel takes stages 1 (K and V share one buffer pair) or 2 (double-buffered); got {0}")]
     Stages(u32),
+    /// A head dim is 0, not a multiple of 8, or above 256.
     #[error("{which} must be a positive multiple of 8 and at most 256; got {value}")]
-    HeadDim { which: &'static str, value: u32 },
+    HeadDim {
+        /// `"head_dim_qk"` or `"head_dim_v"`.
+        which: &'static str,
+        /// The offending head dim.
+        value: u32,
+    },
+    /// The tiles need more dynamic shared memory than a block may have.
     #[error("the tiles need {bytes} bytes of shared memory; the limit is {limit}")]
-    SharedMemory { bytes: u32, limit: u32 },
+    SharedMemory {
+        /// Bytes the configuration needs ([`smem_bytes`]).
+        bytes: u32,
+        /// The limit, [`MAX_SMEM_BYTES`].
+        limit: u32,
+    },
+    /// sm90 / sm90ws: `block_m` is not a whole number of 64-row warpgroups the family takes, or
+    /// `warps` does not match it.
     #[error(
         "the sm90 kernel gives each warpgroup 64 query rows: block_m must be 64, 128 or 192 with warps = block_m / 16; got block_m {block_m}, warps {warps}"
     )]
-    Warpgroups { block_m: u32, warps: u32 },
+    Warpgroups {
+        /// The configuration's query rows per block.
+        block_m: u32,
+        /// The configuration's warps per block (producer warpgroup included for sm90ws).
+        warps: u32,
+    },
+    /// sm90 / sm90ws: `block_n` is not 64 or 128, or `stages` is not one the family takes
+    /// (1 or 2 for sm90, 2 for sm90ws).
     #[error(
         "the sm90 kernel takes block_n 64 or 128 and stages 1 or 2; got block_n {block_n}, stages {stages}"
     )]
-    Sm90Tile { block_n: u32, stages: u32 },
+    Sm90Tile {
+        /// The configuration's keys per step.
+        block_n: u32,
+        /// The configuration's K/V buffers.
+        stages: u32,
+    },
+    /// The backward kernel of `family` does not support this tile or these head dims.
     #[error(
         "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages; the Sm90 kernel also 128x128x8x1 at head dims up to 64) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
     )]
     Backward {
+        /// The family asked for.
         family: KernelFamily,
+        /// Query rows per tile of the configuration.
         block_m: u32,
+        /// Keys per tile of the configuration.
         block_n: u32,
+        /// Warps per block of the configuration.
         warps: u32,
+        /// Stages of the configuration.
         stages: u32,
+        /// The spec's Q/K head dim.
         dqk: u32,
+        /// The spec's V/O head dim.
         dv: u32,
     },
+    /// The declared sparsity layout's block is not a whole number of tiles in both directions.
     #[error(
         "the sparsity layout's blocks of {block} positions must be whole numbers of the kernel's tiles; got block_m {block_m}, block_n {block_n}"
     )]
     SparseTile {
+        /// Positions per layout block ([`crate::spec::Sparsity::block`]).
         block: u32,
+        /// The configuration's query rows per tile.
         block_m: u32,
+        /// The configuration's keys per tile.
         block_n: u32,
     },
+    /// A backward pipeline was asked for a family that has no backward kernel (sm90ws).
     #[error("the backward pass has no {0:?} kernel; it runs on the Sm90 family (sm_90a, wgmma) and the Sm80 family (any GPU from sm_80)")]
     BackwardFamily(KernelFamily),
 }
@@ -132,6 +180,24 @@ pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 /// in two warpgroups; at head dim 128, 128 keys per step, double-buffered (fewer steps; the
 /// wgmma n extent amortises the softmax); at head dim 64, 64 keys single-buffered, which ran
 /// 8-20% faster than 128 keys or two stages there (two blocks fit on an SM).
+///
+/// ```
+/// use flash_dsl::plan::{config_is_valid, default_config_for, KernelFamily, PlanError};
+///
+/// let spec = flash_dsl::parse::parse_str("Dense { head_dim: 64, dtype: f16 }")
+///     .unwrap()
+///     .remove(0);
+/// let ws = default_config_for(&spec, KernelFamily::Sm90Ws);
+/// assert_eq!((ws.block_m, ws.block_n, ws.warps, ws.stages), (128, 128, 12, 2));
+/// let sm90 = default_config_for(&spec, KernelFamily::Sm90);
+/// assert_eq!((sm90.block_m, sm90.block_n, sm90.warps, sm90.stages), (128, 64, 8, 1));
+/// assert!(config_is_valid(&spec, &sm90).is_ok());
+///
+/// // The sm80 skeleton takes 4 or 8 warps.
+/// let mut sm80 = default_config_for(&spec, KernelFamily::Sm80);
+/// sm80.warps = 6;
+/// assert_eq!(config_is_valid(&spec, &sm80), Err(PlanError::Warps(6)));
+/// ```
 pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfig {
     match family {
         KernelFamily::Sm80 => default_config(spec),
