@@ -13,11 +13,15 @@ use quote::ToTokens;
 /// One error in a declaration, at the offending tokens.
 #[derive(Debug, Clone)]
 pub struct Diagnostic {
+    /// Where the error is: the offending tokens (see the module docs for what a proc macro
+    /// can and cannot span).
     pub span: Span,
+    /// What is wrong, one line; usually says what was expected and what was found.
     pub message: String,
 }
 
 impl Diagnostic {
+    /// An error at `span`.
     pub fn new(span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             span,
@@ -41,6 +45,7 @@ impl std::fmt::Display for Diagnostic {
 /// A diagnostic plus the span of the last offending token, for the macro.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The error and its first (or joined) span.
     pub diagnostic: Diagnostic,
     /// Span of the last offending token (equal to the first for a single token).
     pub end: Span,
@@ -71,6 +76,7 @@ impl Report {
         self.diagnostic.span
     }
 
+    /// The error message.
     pub fn message(&self) -> &str {
         &self.diagnostic.message
     }

@@ -51,6 +51,8 @@
 //! configurations ([`plan::tile`]) are the search space `flash-runtime`'s tuner times on the
 //! GPU.
 
+#![warn(missing_docs)]
+
 pub mod ast;
 pub mod deriv;
 pub mod diag;

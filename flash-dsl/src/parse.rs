@@ -29,6 +29,30 @@ pub fn parse_tokens(ts: TokenStream) -> syn::Result<Vec<Decl>> {
 
 /// Parse and validate every declaration of `src` (the text of a `.flash` file or of an
 /// `attention!` body). Syntax errors become diagnostics too.
+///
+/// Every problem of a declaration is reported at once, each at its tokens (line and column
+/// are 1-based):
+///
+/// ```
+/// let src = "Bad {
+///     head_dim: 100,
+///     dtype: bf16,
+///     mask: q >= kk,
+/// }";
+/// let errors = flash_dsl::parse::parse_str(src).unwrap_err();
+/// assert_eq!(errors.len(), 2);
+/// assert!(errors[0].message.contains("head dim must be a multiple of 8"));
+/// assert_eq!(errors[0].line_col(), (2, 15));
+/// assert!(errors[1].message.contains("unknown identifier `kk`"));
+/// assert_eq!(errors[1].line_col(), (4, 16));
+///
+/// // rustc-style rendering for a file.
+/// let text = flash_dsl::diag::render("bad.flash", src, &errors);
+/// assert!(text.contains(" --> bad.flash:2:15"));
+///
+/// let ok = flash_dsl::parse::parse_str("Dense { head_dim: 64, dtype: bf16 }").unwrap();
+/// assert_eq!((ok[0].name.as_str(), ok[0].head_dim_qk), ("Dense", 64));
+/// ```
 pub fn parse_str(src: &str) -> Result<Vec<VariantSpec>, Vec<Diagnostic>> {
     let ts: TokenStream = src
         .parse()

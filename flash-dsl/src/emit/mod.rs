@@ -11,7 +11,7 @@
 mod expr;
 mod wgmma;
 
-use handlebars::{handlebars_helper, Handlebars};
+use handlebars::Handlebars;
 use serde::Serialize;
 
 use crate::deriv::score_gradient;
@@ -196,8 +196,15 @@ fn grad_code(plan: &KernelPlan, cx: &ExprCx) -> GradCode {
     code
 }
 
-handlebars_helper!(range: |n: u64| (0..n).collect::<Vec<u64>>());
-handlebars_helper!(add: |a: u64, b: u64| a + b);
+/// The templates' handlebars helpers `range` and `add`, in a private module because
+/// `handlebars_helper!` declares its structs `pub`.
+mod helpers {
+    use handlebars::handlebars_helper;
+
+    handlebars_helper!(range: |n: u64| (0..n).collect::<Vec<u64>>());
+    handlebars_helper!(add: |a: u64, b: u64| a + b);
+}
+use helpers::{add, range};
 
 /// The C++ declaration of each argument-struct field, in layout order.
 fn arg_fields(plan: &KernelPlan) -> Vec<String> {

@@ -10,11 +10,17 @@ use crate::spec::{BinOp, Dim, Expr, ParamDecl, ParamKind, ScalarTy, Ty, UnOp, Va
 /// Comparison of an affine atom against zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CmpOp {
+    /// `< 0` (or `lhs < rhs` in a [`RangeAtom`]).
     Lt,
+    /// `<= 0`.
     Le,
+    /// `> 0`.
     Gt,
+    /// `>= 0`.
     Ge,
+    /// `== 0`.
     Eq,
+    /// `!= 0`.
     Ne,
 }
 
@@ -24,15 +30,20 @@ pub enum CmpOp {
 /// truth over the whole tile (always, never, or mixed) costs four evaluations.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AffineAtom {
+    /// Coefficient of the query position `q`.
     pub cq: i64,
+    /// Coefficient of the key position `k`.
     pub ck: i64,
+    /// The tile-constant integer part (an [`Expr::Int`] when it is a plain literal).
     pub offset: Expr,
+    /// How the affine form compares with zero.
     pub op: CmpOp,
 }
 
 /// Boolean structure of a mask over its atoms, for three-valued tile classification.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MaskTree {
+    /// A constant part of the mask (`true` / `false`).
     Const(bool),
     /// Index into [`MaskPlan::atoms`].
     Atom(usize),
@@ -41,8 +52,11 @@ pub enum MaskTree {
     Opaque,
     /// Index into [`MaskPlan::ranges`]: decided per tile from interval bounds when it can be.
     Range(usize),
+    /// All children hold (`&&`, flattened).
     And(Vec<MaskTree>),
+    /// Some child holds (`||`, flattened).
     Or(Vec<MaskTree>),
+    /// The child does not hold (`!`).
     Not(Box<MaskTree>),
 }
 
@@ -51,7 +65,9 @@ pub enum MaskTree {
 pub struct MaskPlan {
     /// The whole mask, evaluated per element in partial tiles.
     pub expr: Expr,
+    /// The affine atoms the tree refers to by index ([`MaskTree::Atom`]).
     pub atoms: Vec<AffineAtom>,
+    /// The mask's boolean structure over its atoms, ranges and opaque parts.
     pub tree: MaskTree,
     /// Data-dependent comparisons decided per tile by interval bounds (see [`RangeAtom`]).
     #[serde(default)]
@@ -67,8 +83,11 @@ pub struct MaskPlan {
 /// (`seq`) dimension and any leading dimension is indexed by `b`, `h` or a literal.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RangeAtom {
+    /// The left side, an integer expression.
     pub lhs: Expr,
+    /// The right side, an integer expression.
     pub rhs: Expr,
+    /// How the left side compares with the right.
     pub op: CmpOp,
 }
 

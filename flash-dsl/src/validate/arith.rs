@@ -42,7 +42,9 @@ pub const MAX_WIDE: i128 = 1 << 62;
 /// The values an integer expression can take, inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IntRange {
+    /// Smallest possible value.
     pub lo: i128,
+    /// Largest possible value.
     pub hi: i128,
 }
 

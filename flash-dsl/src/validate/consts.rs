@@ -13,8 +13,11 @@ pub(super) fn is_constant(e: &Expr) -> bool {
 /// The value of a constant expression.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Const {
+    /// An integer constant (folded with checked arithmetic: an overflow does not fold).
     Int(i64),
+    /// A float constant.
     Float(f64),
+    /// A boolean constant.
     Bool(bool),
 }
 
