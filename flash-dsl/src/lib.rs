@@ -16,10 +16,10 @@
 //!   every error) and `.flash` files read by the CLI ([`files`], run time).
 //! - [`validate`]: names, types and dimensions resolved; shorthands (`causal`, `window`,
 //!   `softcap`, `alibi`, …) lowered; the result is a [`VariantSpec`].
-//! - [`plan`]: tile configuration per kernel family, operands and argument layout, the mask
+//! - [`plan`](mod@plan): tile configuration per kernel family, operands and argument layout, the mask
 //!   split into affine atoms (decidable per tile from its corners) and opaque parts, block maps
 //!   for data-dependent masks, the backward pipeline; a [`KernelPlan`] per kernel.
-//! - [`emit`]: handlebars skeletons (`templates/`, carried inside this package) filled from the
+//! - [`emit`](mod@emit): handlebars skeletons (`templates/`, carried inside this package) filled from the
 //!   plan; equal plans give byte-identical source.
 //!
 //! [`deriv`] differentiates the score symbolically for the backward pass; [`model`] holds the
