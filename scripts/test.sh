@@ -24,9 +24,12 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "==> NVRTC compile of every example variant, forward and backward (registers, shared memory, spills)"
 cargo test -p flash-runtime --test examples_nvrtc --test backward_nvrtc -- --nocapture
 
+echo "==> fuzzing (seeded, bounded): declarations through parse/validate/plan/emit/NVRTC with tile classification against the CPU evaluator; bytes into the .flash parser and the .npy reader"
+cargo test -p flash-runtime --test fuzz -- --nocapture
+
 echo "==> packages: each crate packaged and verified alone; a scratch crate on them compiles its kernels"
 scripts/check-packages.sh
 
 echo "==> cargo test (unit, integration and doc tests; the Doc-tests lines count the latter)"
 cargo test --workspace --no-fail-fast -- --skip every_example_variant_compiles_without_spills \
-  --skip every_backward_kernel_compiles_within_the_spill_bound
+  --skip every_backward_kernel_compiles_within_the_spill_bound --skip fuzz_
