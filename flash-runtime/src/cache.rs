@@ -123,8 +123,11 @@ pub struct CacheStats {
 /// ```
 #[derive(Debug)]
 pub struct KernelCache {
-    /// The versioned folder (`<root>/v1`); `None` when memory-only.
+    /// The versioned folder (`<root>/v1`) entries are written to; `None` when memory-only.
     dir: Option<PathBuf>,
+    /// The versioned folder entries are read from, listed and cleared: set whenever there is
+    /// a root, so a read-only folder (a shared, pre-built cache) still serves its kernels.
+    read_dir: Option<PathBuf>,
     root: Option<PathBuf>,
     /// Set once a disk write fails: from then on the cache is memory-only.
     disk_disabled: AtomicBool,
@@ -297,13 +300,13 @@ impl KernelCache {
     /// subfolder. Never fails: an unusable folder gives a memory-only cache and one warning.
     pub fn new(root: Option<PathBuf>) -> KernelCache {
         let root = root.or_else(default_cache_root);
-        let dir = root.as_ref().map(|r| r.join(format!("v{FORMAT_VERSION}")));
-        let dir = match dir {
+        let read_dir = root.as_ref().map(|r| r.join(format!("v{FORMAT_VERSION}")));
+        let dir = match read_dir.clone() {
             Some(d) => match probe_writable(&d) {
                 Ok(()) => Some(d),
                 Err(e) => {
                     tracing::warn!(dir = %d.display(), error = %e,
-                        "kernel cache folder is not writable; caching in memory only");
+                        "kernel cache folder is not writable; reading its entries, caching new kernels in memory only");
                     None
                 }
             },
@@ -314,6 +317,7 @@ impl KernelCache {
         };
         KernelCache {
             dir,
+            read_dir,
             root,
             disk_disabled: AtomicBool::new(false),
             mem: Mutex::new(HashMap::new()),
@@ -325,6 +329,7 @@ impl KernelCache {
     pub fn memory_only() -> KernelCache {
         KernelCache {
             dir: None,
+            read_dir: None,
             root: None,
             disk_disabled: AtomicBool::new(true),
             mem: Mutex::new(HashMap::new()),
@@ -485,6 +490,12 @@ impl KernelCache {
             return Ok(self.finish(key, k, CacheOutcome::MemoryHit, ms(start)));
         }
         let Some(dir) = self.dir().map(Path::to_path_buf) else {
+            // Not writable: a read-only folder may still hold the kernel.
+            if let Some(rd) = &self.read_dir {
+                if let Some(k) = self.load(rd, &key, src, opts) {
+                    return Ok(self.finish(key, Arc::new(k), CacheOutcome::DiskHit, ms(start)));
+                }
+            }
             let k = Arc::new(compile_uncached(src, opts)?);
             let t = k.compile_ms;
             return Ok(self.finish(key, k, CacheOutcome::Miss, t));
@@ -523,13 +534,22 @@ impl KernelCache {
         Ok(self.finish(key, k, CacheOutcome::Miss, t))
     }
 
-    /// Every entry file of the folder, checked as a load would check it (newest first).
+    /// Every entry file of the folder, checked as a load would check it (newest first); empty
+    /// when the folder cannot be read (see [`KernelCache::try_list`] to tell the two apart).
     pub fn list(&self) -> Vec<EntryInfo> {
-        let Some(dir) = self.dir() else {
-            return Vec::new();
+        self.try_list().unwrap_or_default()
+    }
+
+    /// [`KernelCache::list`], with an error naming the folder and the OS error when the folder
+    /// exists but cannot be read (or is not a folder). A folder not created yet has no entries.
+    pub fn try_list(&self) -> Result<Vec<EntryInfo>, FlashError> {
+        let Some(dir) = self.read_dir.as_deref() else {
+            return Ok(Vec::new());
         };
-        let Ok(rd) = fs::read_dir(dir) else {
-            return Vec::new();
+        let rd = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(FlashError::io("reading the cache folder", dir, e)),
         };
         let mut out: Vec<(std::time::SystemTime, EntryInfo)> = Vec::new();
         for e in rd.flatten() {
@@ -561,19 +581,22 @@ impl KernelCache {
             out.push((mtime, info));
         }
         out.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.key.cmp(&b.1.key)));
-        out.into_iter().map(|(_, i)| i).collect()
+        Ok(out.into_iter().map(|(_, i)| i).collect())
     }
 
     /// Removes every entry (and stray temp file) of the folder and empties the memory level.
     /// Lock files stay: removing one another process holds would let two builders race.
-    /// Returns the number of entries removed.
+    /// Returns the number of entries removed; a folder that cannot be read, or an entry that
+    /// cannot be removed (a read-only folder), is an error naming the path.
     pub fn clear(&self) -> Result<usize, FlashError> {
         self.mem.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let Some(dir) = self.dir() else { return Ok(0) };
+        let Some(dir) = self.read_dir.as_deref() else {
+            return Ok(0);
+        };
         let rd = match fs::read_dir(dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(FlashError::io("reading", dir, e)),
+            Err(e) => return Err(FlashError::io("reading the cache folder", dir, e)),
         };
         let mut n = 0;
         for e in rd.flatten() {

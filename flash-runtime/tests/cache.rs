@@ -320,3 +320,67 @@ fn unwritable_folder_degrades_to_memory_only() {
         assert!(c.list().is_empty());
     }
 }
+
+/// A cache folder that cannot be read is an error naming it, never "no entries" (issue 14):
+/// here the versioned folder is a regular file, which stops even root.
+#[test]
+fn unreadable_folder_is_an_error_not_an_empty_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("cache");
+    std::fs::create_dir_all(&root).unwrap();
+    let v = root.join(format!("v{FORMAT_VERSION}"));
+    std::fs::write(&v, b"not a folder").unwrap();
+    let c = KernelCache::new(Some(root.clone()));
+    assert!(!c.is_persistent());
+    let e = c.try_list().unwrap_err().to_string();
+    assert!(e.contains(&v.display().to_string()), "{e}");
+    let e = c.clear().unwrap_err().to_string();
+    assert!(e.contains(&v.display().to_string()), "{e}");
+    // The command line says so and fails.
+    for sub in ["list", "clear"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_flash"))
+            .args(["cache", sub, "--cache-dir", root.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "cache {sub} succeeded:\n{err}");
+        assert!(err.contains(&v.display().to_string()), "{sub}: {err}");
+        // Captured output carries no terminal colours.
+        assert!(!err.contains('\u{1b}'), "{sub}: {err:?}");
+    }
+    // A folder not created yet is simply empty.
+    let fresh = KernelCache::new(Some(tmp.path().join("fresh")));
+    assert!(fresh.try_list().unwrap().is_empty());
+    assert_eq!(fresh.clear().unwrap(), 0);
+}
+
+/// A read-only folder still serves the kernels it holds (a shared, pre-built cache); new
+/// kernels are kept in memory. Permission bits do not stop root, so this runs for other users.
+#[test]
+fn read_only_folder_serves_its_entries() {
+    if !have_nvrtc("read_only_folder_serves_its_entries") {
+        return;
+    }
+    if is_root() {
+        eprintln!("running as root: chmod 555 would not stop writes; skipped");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("shared");
+    populate(&root, "shared");
+    let v = root.join(format!("v{FORMAT_VERSION}"));
+    std::fs::set_permissions(&v, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let c = KernelCache::new(Some(root.clone()));
+    assert!(!c.is_persistent());
+    let (_, o) = c.get_or_compile(&tiny_kernel("shared"), &opts()).unwrap();
+    assert_eq!(o, CacheOutcome::DiskHit);
+    assert_eq!(c.try_list().unwrap().len(), 1);
+    let (_, o) = c.get_or_compile(&tiny_kernel("new"), &opts()).unwrap();
+    assert_eq!(o, CacheOutcome::Miss);
+    assert!(
+        c.clear().is_err(),
+        "removing from a read-only folder must fail loudly"
+    );
+    std::fs::set_permissions(&v, std::fs::Permissions::from_mode(0o755)).unwrap();
+}

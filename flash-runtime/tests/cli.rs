@@ -444,3 +444,28 @@ fn flash_family_env_picks_the_family() {
         "{err}"
     );
 }
+
+/// `plan --json` prints JSON Lines: one plan object per line and declaration (issue 14: several
+/// declarations printed pretty one after another were not valid JSON), with no colours.
+#[test]
+fn plan_json_is_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("two.flash");
+    std::fs::write(
+        &f,
+        "A { head_dim: 64, dtype: bf16, mask: causal }\nB { head_dim: 128, dtype: f16 }\n",
+    )
+    .unwrap();
+    let o = flash(&["plan", f.to_str().unwrap(), "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let names: Vec<String> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["spec"]["name"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(names, ["A", "B"], "{out}");
+    assert!(!out.contains('\u{1b}') && !err.contains('\u{1b}'));
+}

@@ -35,7 +35,7 @@ pub(crate) fn cmd_cache(c: &CacheCommand) -> Result<ExitCode, FlashError> {
             }
         },
         CacheCommand::List(_) => {
-            let entries = cache.list();
+            let entries = cache.try_list()?;
             println!(
                 "{:<16} {:<44} {:<7} {:>5} {:>9} {:>10}  ok",
                 "key", "kernel", "arch", "regs", "bytes", "build ms"
@@ -60,14 +60,22 @@ pub(crate) fn cmd_cache(c: &CacheCommand) -> Result<ExitCode, FlashError> {
                     },
                 );
             }
-            println!(
-                "{} entries in {}",
-                entries.len(),
-                cache
-                    .dir()
-                    .map(|d| d.display().to_string())
-                    .unwrap_or_default()
-            );
+            match cache.root() {
+                Some(root) => println!(
+                    "{} entries in {}{}",
+                    entries.len(),
+                    root.join(format!("v{}", crate::cache::FORMAT_VERSION))
+                        .display(),
+                    if cache.is_persistent() {
+                        ""
+                    } else {
+                        " (read-only)"
+                    }
+                ),
+                None => println!(
+                    "0 entries: no cache folder (FLASH_CACHE_DIR, XDG_CACHE_HOME and HOME unset)"
+                ),
+            }
         }
         CacheCommand::Clear(_) => {
             let n = cache.clear()?;

@@ -32,8 +32,9 @@ pub struct PlanArgs {
     /// Which declarations of which file, with overrides.
     #[command(flatten)]
     pub variant: VariantArgs,
-    /// JSON (the plan only) instead of Rust debug output followed by the score's derivative and
-    /// the backward kernels.
+    /// JSON Lines (the plan only, one JSON object per line and declaration, as `compile
+    /// --json`) instead of Rust debug output followed by the score's derivative and the
+    /// backward kernels.
     #[arg(long)]
     pub json: bool,
 }
@@ -41,9 +42,18 @@ pub struct PlanArgs {
 pub(crate) fn cmd_gen(a: &GenArgs) -> Result<ExitCode, FlashError> {
     let out = std::io::stdout();
     let mut out = out.lock();
+    // Kernel names are unique per file (validation rejects names differing only by case);
+    // this keeps a later kernel of the same run from silently replacing an earlier file.
+    let mut written = std::collections::HashSet::new();
     for (_, _, src) in a.variant.generate(KernelFamily::Sm80)? {
         match &a.out {
             Some(dir) => {
+                if !written.insert(src.kernel_name.clone()) {
+                    return Err(FlashError::Invalid(format!(
+                        "two selected declarations generate the kernel `{}`; select one with --name",
+                        src.kernel_name
+                    )));
+                }
                 write_sources(dir, &src)?;
                 println!("{}", dir.join(format!("{}.cu", src.kernel_name)).display());
             }
@@ -82,7 +92,7 @@ pub(crate) fn cmd_plan(a: &PlanArgs) -> Result<ExitCode, FlashError> {
     for spec in a.variant.load()? {
         let plan = a.variant.plan(&spec, KernelFamily::Sm80)?;
         if a.json {
-            let s = serde_json::to_string_pretty(&plan)
+            let s = serde_json::to_string(&plan)
                 .map_err(|e| FlashError::Invalid(format!("serialising the plan: {e}")))?;
             println!("{s}");
         } else {

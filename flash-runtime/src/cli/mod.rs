@@ -111,8 +111,10 @@ fn init_tracing(verbose: u8) {
             _ => "debug",
         })
     });
+    // Colours only on a terminal: a log captured by CI or a file stays plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }
