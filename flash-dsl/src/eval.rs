@@ -6,8 +6,11 @@
 //!
 //! Semantics, matching the generated kernel:
 //! - `/` is a float division (validation has already promoted both sides with `ToFloat`);
-//! - `%` is the truncating integer remainder (C's `%`); a remainder by zero yields 0;
-//! - integer arithmetic wraps (the kernel's `int` overflows, the evaluator must not panic);
+//! - `%` is the truncating integer remainder (C's `%`); a remainder by zero yields 0, as the
+//!   kernels' `flash::irem` does;
+//! - integers are exact: validation bounds every integer node (see
+//!   [`crate::validate::arith`]), the kernels compute in 64 bits where `int` could overflow,
+//!   and the evaluator's wrapping operations only keep a hand-built tree from panicking;
 //! - `&&`, `||` and `if` evaluate only the side they need;
 //! - an index into a `Fixed(n)` dimension is clamped into `[0, n-1]`; an index into a `Batch`,
 //!   `Heads` or `Seq` dimension must be in range, and the evaluator panics with the tensor's name
