@@ -1,6 +1,8 @@
 //! Packing the argument struct from a plan's [`ArgLayout`]: each field written at its offset
 //! from the checked operands, the extents, the params and the encoded TMA descriptors. Nothing
 //! here is written per operand; a new kernel kind's struct packs with the same code.
+//!
+//! [`ArgLayout`]: flash_dsl::plan::ArgLayout
 
 use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, Sizes};
@@ -216,7 +218,12 @@ pub fn check_params(
                 },
             ) if elem == e => {
                 let dims_n = tensor_shape(dims, sizes);
-                let need: usize = dims_n.iter().product();
+                let need = elements(&dims_n).ok_or_else(|| {
+                    invalid(format!(
+                        "param `{}`'s shape {dims_n:?} has more elements than memory can hold",
+                        decl.name
+                    ))
+                })?;
                 if *len < need {
                     return Err(invalid(format!(
                         "param `{}` has {len} elements; its shape {dims_n:?} needs {need}",
@@ -269,7 +276,8 @@ pub fn check_grads(
         let decl = &plan.spec.params[i];
         let need: usize = match &decl.kind {
             ParamKind::Scalar(_) => 1,
-            ParamKind::Tensor { dims, .. } => tensor_shape(dims, sizes).iter().product(),
+            ParamKind::Tensor { dims, .. } => elements(&tensor_shape(dims, sizes))
+                .ok_or_else(|| invalid(format!("the gradient of `{}` is too large", decl.name)))?,
         };
         match grads.get(i) {
             Some(Some(ParamArg::Tensor {
@@ -301,6 +309,14 @@ pub fn check_grads(
         }
     }
     Ok(regions)
+}
+
+/// Elements of a shape, `None` when they (or their bytes, 4 per element) overflow.
+fn elements(shape: &[usize]) -> Option<usize> {
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, d| acc.checked_mul(*d))?;
+    n.checked_mul(4).map(|_| n)
 }
 
 /// The argument bytes as 8-byte words (the struct holds 8-byte pointers and strides, so its
