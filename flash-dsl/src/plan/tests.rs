@@ -558,3 +558,43 @@ fn sparsity_layouts_plan_and_map() {
         }
     }
 }
+
+#[test]
+fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
+    let plain = spec(vec![], None);
+    let ws = |stages| TileConfig {
+        family: KernelFamily::Sm90Ws,
+        ..cfg(128, 128, 12, stages)
+    };
+    assert!(plan(&plain, Some(ws(2))).is_ok());
+    let three = plan(&plain, Some(ws(3))).unwrap();
+    // Q 128×128, three stages of K (128×128) and V (128×64) in bf16, plus the alignment slack.
+    assert_eq!(
+        three.smem_bytes(),
+        1024 + 2 * (128 * 128 + 3 * 128 * (128 + 64))
+    );
+    assert_eq!(
+        plan(&plain, Some(ws(4))).unwrap_err(),
+        PlanError::Sm90WsTile {
+            block_n: 128,
+            stages: 4
+        }
+    );
+    assert!(PlanError::Sm90WsTile {
+        block_n: 128,
+        stages: 4
+    }
+    .to_string()
+    .contains("got block_n 128, stages 4"));
+    // The default: the overlapped schedule where the variant has a score expression.
+    assert_eq!(default_config_for(&plain, KernelFamily::Sm90Ws).stages, 2);
+    let scored = VariantSpec {
+        score: Some(Expr::Binary(
+            BinOp::Mul,
+            Box::new(Expr::Var(Var::S)),
+            Box::new(Expr::Float(crate::spec::F64Bits::new(0.5))),
+        )),
+        ..plain.clone()
+    };
+    assert_eq!(default_config_for(&scored, KernelFamily::Sm90Ws).stages, 3);
+}
