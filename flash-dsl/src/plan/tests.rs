@@ -597,4 +597,18 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         ..plain.clone()
     };
     assert_eq!(default_config_for(&scored, KernelFamily::Sm90Ws).stages, 3);
+    // ... and for masks at head dims up to 64 (a mask alone at d128 keeps two).
+    let causal = crate::parse::parse_str("C { head_dim: 128, dtype: bf16, mask: causal }")
+        .unwrap()
+        .remove(0);
+    assert_eq!(default_config_for(&causal, KernelFamily::Sm90Ws).stages, 2);
+    let causal64 = VariantSpec {
+        head_dim_qk: 64,
+        head_dim_v: 64,
+        ..causal
+    };
+    assert_eq!(
+        default_config_for(&causal64, KernelFamily::Sm90Ws).stages,
+        3
+    );
 }

@@ -186,7 +186,7 @@ pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 /// sm90ws (the default on sm_90a, measured on an H200): two consumer warpgroups of 64 rows and
 /// the TMA producer; 128 keys per step (at head dim 64 too, where it ran 14 % faster than 64);
 /// three K/V stages, which select the overlapped schedule, for variants with a score
-/// expression, else two.
+/// expression and for masks at head dims up to 64, else two.
 ///
 /// sm90 (measured on an H200 against the other sm90 tiles, see `bench/results/`): 128 query rows
 /// in two warpgroups; at head dim 128, 128 keys per step, double-buffered (fewer steps; the
@@ -227,12 +227,14 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
             // Three stages select the overlapped schedule (Q·Kᵀ of the next tile and P·V of
             // this one in flight during the next softmax). Measured on an H200 against the
             // series schedule, alternating in one call: variants with a score expression gain
-            // consistently (soft-cap +3-5 %, ALiBi +7-11 % at d128); the plain dense kernel
-            // loses (d64 -4 to -12 %) and masks alone are mixed (causal d64 +4 %, causal d128
-            // -10 to +2 %, causal with dropout -2 to -5 %), so they keep two, as do variants
-            // that read a block map (the map walk's registers make that consumer spill). The
-            // tuner times both. Where three stages do not fit in shared memory, two.
-            let overlap = spec.score.is_some() && !super::block_map::needs_block_map(spec);
+            // consistently (soft-cap +3-5 %, ALiBi +7-11 % at d128), and so do masks at head
+            // dims up to 64 (causal d64 +3-6 %); the plain dense kernel loses (d64 -4 to
+            // -12 %) and masks alone at d128 are mixed (causal -10 to +2 %, causal with
+            // dropout -2 to -5 %), so they keep two, as do variants that read a block map (the
+            // map walk's registers make that consumer spill). The tuner times both. Where
+            // three stages do not fit in shared memory, two.
+            let overlap = (spec.score.is_some() || (spec.mask.is_some() && d <= 64))
+                && !super::block_map::needs_block_map(spec);
             let cfg = TileConfig {
                 block_m: 128,
                 // 128 keys per step at every head dim: at d=64 the tuner measured 128x128
