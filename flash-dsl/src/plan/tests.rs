@@ -611,4 +611,21 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         default_config_for(&causal64, KernelFamily::Sm90Ws).stages,
         3
     );
+    assert_eq!(
+        default_config_for(&causal64, KernelFamily::Sm90Ws).block_m,
+        128
+    );
+    // The plain dense variant at head dims up to 64: three consumer warpgroups.
+    let dense64 = VariantSpec {
+        mask: None,
+        ..causal64
+    };
+    let wide = default_config_for(&dense64, KernelFamily::Sm90Ws);
+    assert_eq!((wide.block_m, wide.warps, wide.stages), (192, 16, 2));
+    assert!(plan(&dense64, Some(wide)).is_ok());
+    assert_eq!(
+        default_config_for(&plain, KernelFamily::Sm90Ws).block_m,
+        128,
+        "head dim 128 keeps two consumer warpgroups"
+    );
 }
