@@ -290,8 +290,9 @@ impl Runtime {
         self.kernels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs the forward pass of `kernel`: checks everything (see [`Runtime::forward`]), then
-    /// launches on [`Runtime::stream`] (asynchronously).
+    /// Runs the forward pass of `kernel`: checks shapes, strides, dtypes, alignment, params and
+    /// shared memory against the plan's operands (`launch::check`), then launches on
+    /// [`Runtime::stream`] (asynchronously).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
