@@ -110,7 +110,7 @@ fn kernel(spec: &VariantSpec, family: KernelFamily, plan: KernelPlan) -> Generat
     let snapshot_name = format!(
         "{}_{}_{}",
         snake_case(&spec.name),
-        family_tag(family),
+        family.tag(),
         plan.kind.tag()
     );
     let source = emit(&plan);
@@ -136,14 +136,6 @@ fn snake_case(name: &str) -> String {
         prev = Some(c);
     }
     out
-}
-
-fn family_tag(f: KernelFamily) -> &'static str {
-    match f {
-        KernelFamily::Sm80 => "sm80",
-        KernelFamily::Sm90 => "sm90",
-        KernelFamily::Sm90Ws => "sm90ws",
-    }
 }
 
 impl Generated {

@@ -29,20 +29,23 @@ pub struct DeviceInfo {
     pub default_family: KernelFamily,
 }
 
+/// The family a `FLASH_FAMILY` value names (see [`KernelFamily::tag`]); anything else is an
+/// error naming the value.
+pub fn parse_family(value: &str) -> Result<KernelFamily, FlashError> {
+    KernelFamily::from_tag(value).ok_or_else(|| {
+        invalid(format!(
+            "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{value}`"
+        ))
+    })
+}
+
 /// The default kernel family for a GPU of `arch`: `FLASH_FAMILY` (`sm80`, `sm90`, `sm90ws`)
 /// when set, else the fastest family the architecture runs. An unknown name, or a family the
 /// GPU cannot run, is an error naming the value.
 pub fn default_family(arch: &str, env: Option<&str>) -> Result<KernelFamily, FlashError> {
     let family = match env {
         None => return Ok(KernelFamily::for_arch(arch)),
-        Some("sm80") => KernelFamily::Sm80,
-        Some("sm90") => KernelFamily::Sm90,
-        Some("sm90ws") => KernelFamily::Sm90Ws,
-        Some(other) => {
-            return Err(invalid(format!(
-                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
-            )))
-        }
+        Some(v) => parse_family(v)?,
     };
     if !family.runs_on(arch) {
         return Err(invalid(format!(

@@ -73,6 +73,14 @@ pub enum FlashError {
 }
 
 impl FlashError {
+    /// The planner's refusal of `variant` (any of `flash_dsl`'s planning errors).
+    pub(crate) fn plan(variant: &str, e: impl std::fmt::Display) -> Self {
+        FlashError::Plan {
+            variant: variant.to_string(),
+            message: e.to_string(),
+        }
+    }
+
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         FlashError::Io {
             op,

@@ -75,10 +75,7 @@ pub trait Variant {
     /// ```
     fn generate(family: KernelFamily) -> Result<Generated, FlashError> {
         let spec = Self::spec()?;
-        flash_dsl::generated::generate(&spec, family).map_err(|e| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        })
+        flash_dsl::generated::generate(&spec, family).map_err(|e| FlashError::plan(&spec.name, e))
     }
 }
 

@@ -168,10 +168,10 @@ pub fn kernel_name(kind: KernelKind, spec: &VariantSpec, cfg: &TileConfig) -> St
         cfg.block_n,
         cfg.warps,
         cfg.stages,
+        // The sm80 family, the portable one, carries no suffix.
         match cfg.family {
-            KernelFamily::Sm80 => "",
-            KernelFamily::Sm90 => "_sm90",
-            KernelFamily::Sm90Ws => "_sm90ws",
+            KernelFamily::Sm80 => String::new(),
+            f => format!("_{}", f.tag()),
         }
     );
     raw.chars()

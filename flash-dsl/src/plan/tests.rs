@@ -629,3 +629,15 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         "head dim 128 keeps two consumer warpgroups"
     );
 }
+
+#[test]
+fn family_tags_round_trip_and_suffix_kernel_names() {
+    for f in KernelFamily::ALL {
+        assert_eq!(KernelFamily::from_tag(f.tag()), Some(f));
+    }
+    assert_eq!(KernelFamily::from_tag("sm90a"), None);
+    let s = spec(vec![], None);
+    let ws = plan(&s, Some(default_config_for(&s, KernelFamily::Sm90Ws))).unwrap();
+    assert!(ws.kernel_name.ends_with("_sm90ws"));
+    assert!(!plan(&s, None).unwrap().kernel_name.ends_with("_sm80"));
+}

@@ -37,6 +37,25 @@ pub enum KernelFamily {
 }
 
 impl KernelFamily {
+    /// Every family, in the order of their tags' documentation.
+    pub const ALL: [KernelFamily; 3] =
+        [KernelFamily::Sm80, KernelFamily::Sm90, KernelFamily::Sm90Ws];
+
+    /// The family's short name: `sm80`, `sm90` or `sm90ws` — the value `FLASH_FAMILY` and
+    /// `--family` take, the suffix of kernel names, the tag of tuner labels and snapshots.
+    pub fn tag(self) -> &'static str {
+        match self {
+            KernelFamily::Sm80 => "sm80",
+            KernelFamily::Sm90 => "sm90",
+            KernelFamily::Sm90Ws => "sm90ws",
+        }
+    }
+
+    /// The family whose [`tag`](KernelFamily::tag) is `tag`.
+    pub fn from_tag(tag: &str) -> Option<KernelFamily> {
+        KernelFamily::ALL.into_iter().find(|f| f.tag() == tag)
+    }
+
     /// The fastest family a GPU of this architecture (`sm_80`, `sm_90a`, …) can run.
     pub fn for_arch(arch: &str) -> KernelFamily {
         if arch == "sm_90a" {

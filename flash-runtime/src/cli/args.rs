@@ -37,17 +37,10 @@ pub struct VariantArgs {
 
 /// The family `FLASH_FAMILY` names, if it is set (the runtime reads the same variable).
 pub fn env_family() -> Result<Option<KernelFamily>, FlashError> {
-    match std::env::var("FLASH_FAMILY") {
-        Err(_) => Ok(None),
-        Ok(v) => match v.as_str() {
-            "sm80" => Ok(Some(KernelFamily::Sm80)),
-            "sm90" => Ok(Some(KernelFamily::Sm90)),
-            "sm90ws" => Ok(Some(KernelFamily::Sm90Ws)),
-            other => Err(FlashError::Invalid(format!(
-                "FLASH_FAMILY must be sm80, sm90 or sm90ws; got `{other}`"
-            ))),
-        },
-    }
+    std::env::var("FLASH_FAMILY")
+        .ok()
+        .map(|v| crate::device::parse_family(&v))
+        .transpose()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -166,10 +159,7 @@ impl VariantArgs {
     /// Plans one spec with the `--tile` override (or the planner's default) for the `--family`
     /// given, else for `family`.
     pub fn plan(&self, spec: &VariantSpec, family: KernelFamily) -> Result<KernelPlan, FlashError> {
-        let err = |e: &dyn std::fmt::Display| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        };
+        let err = |e: &dyn std::fmt::Display| FlashError::plan(&spec.name, e);
         let family = match self.family {
             Some(f) => KernelFamily::from(f),
             None => env_family()?.unwrap_or(family),

@@ -360,10 +360,8 @@ fn read_backward(
              or --dparam NAME=FILE.npy",
         ));
     }
-    backward_pipeline(spec, default_backward_config()).map_err(|e| FlashError::Plan {
-        variant: spec.name.clone(),
-        message: format!("no backward pass: {e}"),
-    })?;
+    backward_pipeline(spec, default_backward_config())
+        .map_err(|e| FlashError::plan(&spec.name, format!("no backward pass: {e}")))?;
     let mut dparams: Vec<DParam> = Vec::new();
     for p in &a.dparams {
         let (name, file) = p

@@ -140,10 +140,7 @@ impl Runtime {
         map: Option<&BlockMap>,
     ) -> Result<(), FlashError> {
         let det = opts.deterministic;
-        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        };
+        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::plan(&spec.name, e);
         let pre = self.load_kind((KernelKind::BackwardPre, det), spec, None, || {
             plan_backward_pre_with(spec, det).map_err(plan_err)
         })?;
@@ -321,10 +318,7 @@ impl Runtime {
             .config
             .unwrap_or_else(|| default_backward_config_for(spec, self.info.default_family));
         self.require_family(&cfg)?;
-        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        };
+        let plan_err = |e: flash_dsl::plan::PlanError| FlashError::plan(&spec.name, e);
         backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
         let main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
             plan_backward_main_with(spec, cfg, det).map_err(plan_err)

@@ -154,10 +154,7 @@ impl Runtime {
             KernelKind::BlockMap
         };
         let kernel = self.load_kind((kind, false), spec, Some(map.build_config()), || {
-            plan_block_map(spec, map).map_err(|e| FlashError::Plan {
-                variant: spec.name.clone(),
-                message: e.to_string(),
-            })
+            plan_block_map(spec, map).map_err(|e| FlashError::plan(&spec.name, e))
         })?;
         let len = map
             .len(shape.batch, shape.heads_q, shape.seq_q, shape.seq_k)

@@ -232,10 +232,7 @@ impl Runtime {
             }
             None => flash_dsl::plan::default_config_for(spec, family),
         };
-        flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::Plan {
-            variant: spec.name.clone(),
-            message: e.to_string(),
-        })
+        flash_dsl::plan(spec, Some(config)).map_err(|e| FlashError::plan(&spec.name, e))
     }
 
     /// A tile configuration must name a kernel family this device runs (forward or backward).

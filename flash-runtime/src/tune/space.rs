@@ -53,16 +53,12 @@ pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
 /// ```
 pub fn config_label(c: &TileConfig) -> String {
     format!(
-        "{}x{}x{}x{}{}",
+        "{}x{}x{}x{}/{}",
         c.block_m,
         c.block_n,
         c.warps,
         c.stages,
-        match c.family {
-            KernelFamily::Sm80 => "/sm80",
-            KernelFamily::Sm90 => "/sm90",
-            KernelFamily::Sm90Ws => "/sm90ws",
-        }
+        c.family.tag()
     )
 }
 

@@ -10,7 +10,6 @@
 use flash_dsl::eval::{ParamValue, ParamValues, Sizes};
 use flash_dsl::model::backward::{backward, backward_lowp, Gradients};
 use flash_dsl::model::reference::{max_abs_diff, rounding, Problem};
-use flash_dsl::plan::KernelFamily;
 use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::{TileConfig, VariantSpec};
 use flash_runtime::cudarc::driver::CudaSlice;
@@ -243,7 +242,7 @@ pub fn check_backward_at(
             false,
             format!(
                 "FAIL bwd {} {} {} d{} {dims:?}: {e}",
-                family_tag(cfg),
+                cfg.family.tag(),
                 spec.name,
                 spec.dtype.name(),
                 spec.head_dim_qk
@@ -281,14 +280,6 @@ fn delta_floor(spec: &VariantSpec, p: &Prepared) -> f64 {
         .chain(&p.problem.k)
         .fold(0.0f64, |m, x| m.max(x.abs()));
     2.0 * u * max_do_o * spec.softmax_scale() * max_qk
-}
-
-pub fn family_tag(cfg: TileConfig) -> &'static str {
-    match cfg.family {
-        KernelFamily::Sm80 => "sm80",
-        KernelFamily::Sm90 => "sm90",
-        KernelFamily::Sm90Ws => "sm90ws",
-    }
 }
 
 fn case(
@@ -347,7 +338,7 @@ fn case(
         format!(
             "{} bwd {} {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  {}",
             if ok { "ok  " } else { "FAIL" },
-            family_tag(cfg),
+            cfg.family.tag(),
             spec.name,
             spec.dtype.name(),
             spec.head_dim_qk,
@@ -404,7 +395,7 @@ pub fn check_deterministic(
         format!(
             "{} det {} {:<13} {:<4} d{:<3} b{b} {sq}x{sk} h{hq}/{hkv}  3 runs bit-identical: {same}; |dQ_det - dQ_default| {diff:.2e} (max|dQ| {scale:.2e})",
             if ok { "ok  " } else { "FAIL" },
-            family_tag(cfg),
+            cfg.family.tag(),
             spec.name,
             spec.dtype.name(),
             spec.head_dim_qk
