@@ -21,6 +21,7 @@ pub mod classify;
 pub mod forward;
 pub mod mask;
 pub mod operand;
+pub mod splitkv;
 pub mod tile;
 
 #[cfg(test)]
@@ -62,6 +63,11 @@ pub enum KernelKind {
     BlockMap,
     /// The backward's block map: per key tile, its query tiles.
     BlockMapKeys,
+    /// Inference: the query heads of a KV group packed into one tile, the keys cut into splits
+    /// (see [`splitkv`]); partial O and LSE per split, or O and the LSE with one split.
+    SplitKv,
+    /// Merges the split-KV kernel's partial outputs by their log-sum-exps.
+    Combine,
 }
 
 impl KernelKind {
@@ -73,6 +79,8 @@ impl KernelKind {
             KernelKind::BackwardMain => "backward",
             KernelKind::DqConvert => "dq_convert",
             KernelKind::BlockMap | KernelKind::BlockMapKeys => "block_map",
+            KernelKind::SplitKv => "splitkv",
+            KernelKind::Combine => "combine",
         }
     }
     /// The short tag in kernel entry-point names.
@@ -84,6 +92,8 @@ impl KernelKind {
             KernelKind::DqConvert => "bwddq",
             KernelKind::BlockMap => "bmap",
             KernelKind::BlockMapKeys => "bmapk",
+            KernelKind::SplitKv => "skv",
+            KernelKind::Combine => "cmb",
         }
     }
 }

@@ -73,11 +73,15 @@ pub enum Extent {
     HeadDimV,
     /// Words of the block map (see `plan::block_map`), derived from the others and the plan.
     MapLen,
+    /// Key-range splits of a split-KV launch (see `plan::splitkv`), chosen by the runtime; 0
+    /// for a launch of one split, whose partial workspaces are empty (the attention kernel
+    /// writes O and the LSE itself).
+    Splits,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 8] = [
+    pub const ALL: [Extent; 9] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -86,6 +90,7 @@ impl Extent {
         Extent::HeadDimQk,
         Extent::HeadDimV,
         Extent::MapLen,
+        Extent::Splits,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -98,6 +103,7 @@ impl Extent {
             Extent::HeadDimQk => "head_dim_qk",
             Extent::HeadDimV => "head_dim_v",
             Extent::MapLen => "block_map_len",
+            Extent::Splits => "splits",
         }
     }
     /// The value the spec fixes, for head dims.
@@ -322,6 +328,18 @@ pub enum GridRule {
         /// Query positions per work item (`block_m`).
         rows: u32,
     },
+    /// `(max(splits, 1), heads_kv · ceil(heads_q / heads_kv · seq_q / rows), batch)`: the split-KV
+    /// kernel's blocks, each a tile of packed (query, head) rows of one KV head and one split of
+    /// its keys.
+    SplitKv {
+        /// Packed rows per tile (`block_m`).
+        rows: u32,
+    },
+    /// `(ceil(batch · heads_q · seq_q / rows), 1, 1)`: one block per `rows` output rows.
+    Rows {
+        /// Output rows per block.
+        rows: u32,
+    },
     /// `(row tiles, heads_q or 1, batch or 1)`: one block per row of a block map (row tiles of
     /// `tile` query positions, or key positions when `along_keys`).
     MapRows {
@@ -351,6 +369,21 @@ impl GridRule {
                 get(Extent::SeqQ).div_ceil(rows as usize),
                 get(Extent::HeadsQ),
                 get(Extent::Batch),
+            ],
+            GridRule::SplitKv { rows } => {
+                let hkv = get(Extent::HeadsKv).max(1);
+                let group = get(Extent::HeadsQ) / hkv;
+                [
+                    get(Extent::Splits).max(1),
+                    hkv * (group * get(Extent::SeqQ)).div_ceil(rows as usize),
+                    get(Extent::Batch),
+                ]
+            }
+            GridRule::Rows { rows } => [
+                (get(Extent::Batch) * get(Extent::HeadsQ) * get(Extent::SeqQ))
+                    .div_ceil(rows as usize),
+                1,
+                1,
             ],
             GridRule::KeyTilesKvHeads { rows } => [
                 get(Extent::SeqK).div_ceil(rows as usize),

@@ -177,6 +177,25 @@ pub enum PlanError {
         /// The configuration's keys per tile.
         block_n: u32,
     },
+    /// The split-KV kernel's tile is outside what it supports.
+    #[error(
+        "the split-KV kernel takes block_m 16 or 32 (packed query rows), block_n 16, 32 or 64 (keys per warp step), 2 to 8 warps, 1 to 4 stages and the Sm80 family; got {block_m}x{block_n}x{warps}x{stages} on {family:?}"
+    )]
+    SplitKvTile {
+        /// Packed query rows per block.
+        block_m: u32,
+        /// Keys per warp step.
+        block_n: u32,
+        /// Warps per block.
+        warps: u32,
+        /// Buffers per warp.
+        stages: u32,
+        /// The family asked for.
+        family: KernelFamily,
+    },
+    /// The variant has no split-KV kernel (the reason says why; the forward kernel runs it).
+    #[error("no split-KV kernel: {0}")]
+    SplitKvVariant(&'static str),
     /// A backward pipeline was asked for a family that has no backward kernel (sm90ws).
     #[error("the backward pass has no {0:?} kernel; it runs on the Sm90 family (sm_90a, wgmma) and the Sm80 family (any GPU from sm_80)")]
     BackwardFamily(KernelFamily),
@@ -195,6 +214,19 @@ pub fn sparse_tiles_fit(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
         }
         _ => Ok(()),
     }
+}
+
+/// Head dims every kernel takes: positive multiples of 8 up to 256.
+pub fn head_dims_valid(spec: &VariantSpec) -> Result<(), PlanError> {
+    for (which, value) in [
+        ("head_dim_qk", spec.head_dim_qk),
+        ("head_dim_v", spec.head_dim_v),
+    ] {
+        if value == 0 || value % 8 != 0 || value > 256 {
+            return Err(PlanError::HeadDim { which, value });
+        }
+    }
+    Ok(())
 }
 
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
@@ -343,14 +375,7 @@ pub fn default_config(spec: &VariantSpec) -> TileConfig {
 
 /// Checks that the kernel skeleton supports `cfg` for `spec`'s head dims.
 pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
-    for (which, value) in [
-        ("head_dim_qk", spec.head_dim_qk),
-        ("head_dim_v", spec.head_dim_v),
-    ] {
-        if value == 0 || value % 8 != 0 || value > 256 {
-            return Err(PlanError::HeadDim { which, value });
-        }
-    }
+    head_dims_valid(spec)?;
     sparse_tiles_fit(spec, cfg)?;
     if cfg.family == KernelFamily::Sm90Ws {
         if !matches!(cfg.block_m, 64 | 128 | 192) || cfg.warps != cfg.block_m / 16 + 4 {

@@ -43,11 +43,13 @@ pub mod backward;
 pub mod block_map;
 pub mod check;
 pub mod pack;
+pub mod splitkv;
 pub mod tensor;
 
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
+pub use splitkv::{SplitKvKernels, SPLITKV_MAX_ROWS};
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
 };
@@ -104,6 +106,8 @@ pub struct Runtime {
     variant_specs: Mutex<HashMap<&'static str, Arc<VariantSpec>>>,
     /// The persistent kernels' work counter (see `sched_operand`).
     sched: Mutex<Option<CudaSlice<i32>>>,
+    /// The split-KV pass's fp32 partials (see `splitkv`).
+    split_ws: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -195,6 +199,7 @@ impl Runtime {
             kernels: Mutex::new(HashMap::new()),
             variant_specs: Mutex::new(HashMap::new()),
             sched: Mutex::new(None),
+            split_ws: Mutex::new(None),
         })
     }
 
@@ -355,6 +360,12 @@ impl Runtime {
     }
 
     /// Loads `spec` (memoised) and runs it: [`Runtime::load`] then [`Runtime::forward`].
+    ///
+    /// Without a forced `config`, decode-sized launches (at most [`SPLITKV_MAX_ROWS`] packed
+    /// query rows per KV head, see [`Runtime::takes_split_kv`]) run through the split-KV pass
+    /// instead ([`Runtime::forward_split_kv`]), which packs the query heads of a KV group into
+    /// one tile and spreads the keys over the GPU; the returned kernel is then its attention
+    /// kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_spec(
         &self,
@@ -367,6 +378,11 @@ impl Runtime {
         lse: &mut LseMut<'_>,
         params: &[ParamArg<'_>],
     ) -> Result<Arc<LoadedKernel>, FlashError> {
+        if config.is_none() && self.takes_split_kv(spec, ProblemShape::of(q, k)) {
+            let kernels = self.load_split_kv(spec, None)?;
+            self.forward_split_kv(&kernels, q, k, v, o, lse, params, None)?;
+            return Ok(kernels.attention);
+        }
         let kernel = self.load(spec, config)?;
         self.forward(&kernel, q, k, v, o, lse, params)?;
         Ok(kernel)
@@ -471,8 +487,27 @@ impl Runtime {
         let mut owned = None;
         let ops = self.forward_args(kernel, q, k, v, o, lse, params, None, &mut owned)?;
         let launch = self.prepare(kernel, &ops, params, &[])?;
+        self.time_launches(std::slice::from_ref(&launch), warmup, iters, None)
+    }
+
+    /// Median milliseconds of `launches` run in order, timed with CUDA events around each
+    /// round after `warmup` untimed rounds; `flush`, when given, is zeroed before each round
+    /// (outside the events) to evict the L2 cache.
+    pub(crate) fn time_launches(
+        &self,
+        launches: &[PreparedLaunch<'_>],
+        warmup: usize,
+        iters: usize,
+        mut flush: Option<&mut CudaSlice<u8>>,
+    ) -> Result<f32, FlashError> {
+        let run = || -> Result<(), FlashError> {
+            for l in launches {
+                self.launch_checked(l)?;
+            }
+            Ok(())
+        };
         for _ in 0..warmup {
-            self.launch_checked(&launch)?;
+            run()?;
         }
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let ev = |what| {
@@ -483,10 +518,15 @@ impl Runtime {
         let (start, end) = (ev("start")?, ev("end")?);
         let mut times = Vec::with_capacity(iters.max(1));
         for _ in 0..iters.max(1) {
+            if let Some(buf) = flush.as_deref_mut() {
+                self.stream
+                    .memset_zeros(buf)
+                    .map_err(|e| driver("flushing the L2 cache", e))?;
+            }
             start
                 .record(&self.stream)
                 .map_err(|e| driver("recording an event", e))?;
-            self.launch_checked(&launch)?;
+            run()?;
             end.record(&self.stream)
                 .map_err(|e| driver("recording an event", e))?;
             end.synchronize()

@@ -2,6 +2,7 @@
 
 use flash_dsl::eval::{ParamValues, Sizes};
 use flash_dsl::model::reference::Problem;
+use flash_dsl::plan::splitkv::splitkv_unsupported;
 use flash_dsl::plan::{default_config_for, KernelFamily};
 use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::{TileConfig, VariantSpec};
@@ -45,7 +46,12 @@ pub fn shapes(small: bool) -> Vec<Shape> {
             ..sh(2, 65, 65, 4, 4)
         },
     ];
+    // Decode (one and four query tokens, GQA 4 and MQA, odd key counts), where the runtime takes
+    // the split-KV pass.
+    v.push(sh(3, 1, 4097, 16, 4));
+    v.push(sh(2, 4, 1000, 8, 2));
     if !small {
+        v.push(sh(1, 1, 33001, 8, 1));
         v.push(sh(1, 1023, 1023, 2, 1));
         v.push(sh(1, 4096, 4096, 1, 1));
     }
@@ -62,7 +68,17 @@ pub struct CaseResult {
     pub runs: Vec<(String, Result<GpuOut, String>)>,
 }
 
-/// Runs one case on the GPU; the CPU comparison happens later, in parallel.
+/// How a case reaches the GPU: a forward kernel family's default tile, or the split-KV pass
+/// with the runtime's split count or a forced one.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    Forward(TileConfig),
+    SplitKv(Option<usize>),
+}
+
+/// Runs one case on the GPU; the CPU comparison happens later, in parallel. Besides each
+/// family's forward kernel, variants with a split-KV pass run it twice: with the split count
+/// the runtime picks and with 3 forced splits (so the combine runs on every shape).
 pub fn run_case(
     rt: &Runtime,
     spec: &VariantSpec,
@@ -108,12 +124,25 @@ pub fn run_case(
         params: params.clone(),
         rng: crate::device::CHECK_RNG,
     };
-    let runs = families
+    let mut paths: Vec<(String, Path)> = families
         .iter()
         .map(|&fam| {
-            let cfg = default_config_for(spec, fam);
-            let r = gpu_case(rt, spec, cfg, s, &params, (&qb, &kb, &vb)).map_err(|e| e.to_string());
-            (format!("{fam:?}").to_lowercase(), r)
+            (
+                fam.tag().to_string(),
+                Path::Forward(default_config_for(spec, fam)),
+            )
+        })
+        .collect();
+    if splitkv_unsupported(spec).is_none() {
+        paths.push(("splitkv".into(), Path::SplitKv(None)));
+        paths.push(("splitkv3".into(), Path::SplitKv(Some(3))));
+    }
+    let runs = paths
+        .into_iter()
+        .map(|(label, path)| {
+            let r =
+                gpu_case(rt, spec, path, s, &params, (&qb, &kb, &vb)).map_err(|e| e.to_string());
+            (label, r)
         })
         .collect();
     CaseResult {
@@ -129,7 +158,7 @@ pub type GpuOut = (Vec<f64>, Vec<f64>, usize);
 fn gpu_case(
     rt: &Runtime,
     spec: &VariantSpec,
-    cfg: TileConfig,
+    path: Path,
     s: Shape,
     params: &ParamValues,
     (qb, kb, vb): (&[u16], &[u16], &[u16]),
@@ -138,7 +167,22 @@ fn gpu_case(
     let drv = |what: &'static str| move |e| FlashError::Driver(format!("{what}: {e:?}"));
     let dt = spec.dtype;
     let (d, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
-    let kernel = rt.load(spec, Some(cfg))?;
+    let run = |q: &TensorRef<'_>,
+               k: &TensorRef<'_>,
+               v: &TensorRef<'_>,
+               o: &mut TensorMut<'_>,
+               l: &mut LseMut<'_>,
+               args: &[flash_runtime::ParamArg<'_>]|
+     -> Result<(), FlashError> {
+        match path {
+            Path::Forward(cfg) => rt.forward(&*rt.load(spec, Some(cfg))?, q, k, v, o, l, args),
+            Path::SplitKv(splits) => {
+                let kernels = rt.load_split_kv(spec, None)?;
+                rt.forward_split_kv(&kernels, q, k, v, o, l, args, splits)
+                    .map(|_| ())
+            }
+        }
+    };
     let q_shape = [s.b, s.sq, s.hq, d];
     let k_shape = [s.b, s.sk, s.hkv, d];
     let v_shape = [s.b, s.sk, s.hkv, dv];
@@ -196,7 +240,7 @@ fn gpu_case(
         let tv = TensorRef::strided_at(&buf, 2 * s.hq * d, v_shape, strides, st);
         let mut to = TensorMut::strided(&mut o, o_shape, o_strides, st);
         let mut tl = LseMut::new(&mut lse, st);
-        rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
+        run(&tq, &tk, &tv, &mut to, &mut tl, &args)?;
     } else {
         let dq = st.clone_htod(&pad(qb.to_vec())).map_err(drv("copying Q"))?;
         let dk = st.clone_htod(&pad(kb.to_vec())).map_err(drv("copying K"))?;
@@ -206,7 +250,7 @@ fn gpu_case(
         let tv = TensorRef::new(&dvv, v_shape, st);
         let mut to = TensorMut::strided(&mut o, o_shape, o_strides, st);
         let mut tl = LseMut::new(&mut lse, st);
-        rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
+        run(&tq, &tk, &tv, &mut to, &mut tl, &args)?;
     }
     rt.synchronize()?;
     let oh: Vec<u16> = st.clone_dtoh(&o).map_err(drv("copying O back"))?;

@@ -1,8 +1,11 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only] [--json OUT.json]
 //! ```
+//!
+//! **Decode** (with the forward's timings, or `--decode-only` with a sweep of tiles):
+//! `bench/peers.py --decode`'s workloads through the split-KV pass, GB/s. See `decode.rs`.
 //!
 //! **Block maps** (`--maps`, or `--maps-only` for nothing else): the maps the GPU builds for
 //! masks that read tensors, word for word against the host's brute-force classification, over
@@ -41,6 +44,7 @@ mod backward;
 mod blockmap;
 mod bwd_timing;
 mod cases;
+mod decode;
 mod device;
 mod dropout;
 mod judge;
@@ -149,6 +153,9 @@ fn main() -> ExitCode {
     let mut do_fwd = true;
     let mut do_drop = false;
     let mut do_maps = false;
+    // Decode timing runs with the forward's timings; `--decode-only` runs it alone, with a sweep
+    // of split-KV tiles.
+    let mut decode_only = false;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -170,6 +177,12 @@ fn main() -> ExitCode {
                 do_fwd = false;
                 do_bwd = false;
             }
+            "--decode-only" => {
+                decode_only = true;
+                do_check = false;
+                do_fwd = false;
+                do_bwd = false;
+            }
             "--maps" => do_maps = true,
             "--maps-only" => {
                 do_maps = true;
@@ -178,7 +191,7 @@ fn main() -> ExitCode {
             }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -324,6 +337,12 @@ fn main() -> ExitCode {
         if do_drop {
             if let Err(e) = dropout::timing_dropout(&rt, &mut rows) {
                 println!("# dropout timing failed: {e}");
+                failed = true;
+            }
+        }
+        if do_fwd || decode_only {
+            if let Err(e) = decode::timing_decode(&rt, &specs, &mut rows, decode_only) {
+                println!("# decode timing failed: {e}");
                 failed = true;
             }
         }

@@ -1,0 +1,382 @@
+//! The inference kinds: split-KV attention and the combine kernel that merges its splits.
+//!
+//! A decode step has one (or a few) query tokens per sequence: the forward kernel's query tiles
+//! of 128 rows would be almost empty, and one block per (batch, head) leaves most of the GPU
+//! idle. The split-KV kernel instead packs the query heads of one KV group into the rows of a
+//! tile (row `r` is query `r / G` of head `kvh·G + r % G`, `G = heads_q / heads_kv`), so each K/V
+//! tile is read once for the whole group, and cuts the key range of each (batch, KV head, row
+//! tile) into `splits` pieces that run as separate blocks. Each split writes its normalised
+//! partial output and log-sum-exp (fp32); [`KernelKind::Combine`] merges them exactly:
+//! `LSE = log Σ_s e^{LSE_s}`, `O = Σ_s e^{LSE_s − LSE} O_s`. With one split the attention kernel
+//! writes O and the LSE itself and no combine runs.
+//!
+//! Inside a block every warp streams its own key tiles (warp `w` takes tiles `w`, `w + warps`,
+//! … of the split) through a private `cp.async` pipeline of `stages` buffers: decode is bound by
+//! the bytes of K and V, so the kernel's job is to keep enough of them in flight, and warps that
+//! never wait on each other keep the most. The warps' online-softmax states are merged in shared
+//! memory at the end. The tile walk, the classification of key tiles (empty tiles skipped, no
+//! mask code on full ones) and the hooks are the forward's.
+
+use super::mask::analyse_mask;
+use super::operand::{
+    arg_layout, arg_layout_with, ArgField, Extent, GridRule, LaunchShape, Layout, Operand,
+    OperandType, Role,
+};
+use super::tile::{KernelFamily, PlanError, TileConfig, MAX_SMEM_BYTES};
+use super::{kernel_name, KernelKind, KernelPlan, Pipeline};
+use crate::spec::VariantSpec;
+
+use Extent::*;
+
+/// The partial outputs of the splits (`[splits, batch, heads_q, seq_q, head_dim_v]` f32; the
+/// runtime binds `splits` to 0, leaving both partials empty, for a launch of one split).
+pub const OPART_OPERAND: &str = "o_part";
+/// The partial log-sum-exps of the splits (`[splits, batch, heads_q, seq_q]` f32).
+pub const LSEPART_OPERAND: &str = "lse_part";
+
+/// Warps of a combine block; each merges one output row at a time.
+pub const COMBINE_WARPS: u32 = 4;
+
+/// The most splits a launch takes (the combine kernel reads one LSE per split per row).
+pub const MAX_SPLITS: usize = 256;
+
+/// The default split-KV tile for a spec: 16 packed rows (a decode step of GQA 4 at q ≤ 4 fills
+/// one m16 tile), 32 keys per warp step (16 above head dim 128, where the output accumulator
+/// takes half the registers), 4 warps, 3 buffers per warp (fewer where they would not fit in
+/// shared memory).
+pub fn default_splitkv_config(spec: &VariantSpec) -> TileConfig {
+    let mut cfg = TileConfig {
+        block_m: 16,
+        block_n: if spec.head_dim_qk.max(spec.head_dim_v) > 128 {
+            16
+        } else {
+            32
+        },
+        warps: 4,
+        stages: 3,
+        family: KernelFamily::Sm80,
+    };
+    while cfg.stages > 1 && splitkv_smem_bytes(spec, &cfg) > MAX_SMEM_BYTES {
+        cfg.stages -= 1;
+    }
+    cfg
+}
+
+/// Shared memory of the split-KV kernel: the Q tile, then per warp `stages` K and V tiles
+/// (128-byte swizzle atoms per row); the epilogue's merge buffer (every warp's fp32 output and
+/// its row statistics) reuses the same bytes, so the total is the larger of the two.
+pub fn splitkv_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    let pitch = |d: u32| d.div_ceil(64) * 128;
+    let dv_mma = spec.head_dim_v.div_ceil(16) * 16;
+    let loop_bytes = cfg.block_m * pitch(spec.head_dim_qk)
+        + cfg.warps * cfg.stages * cfg.block_n * (pitch(spec.head_dim_qk) + pitch(spec.head_dim_v));
+    let merge_bytes = cfg.warps * cfg.block_m * (dv_mma + 2) * 4;
+    loop_bytes.max(merge_bytes)
+}
+
+/// The split-KV kernel's tile rules: 16 or 32 packed rows, 16, 32 or 64 keys per warp step,
+/// 2 to 8 warps, 1 to 4 buffers per warp, the sm80 (`mma.sync`) family, which every GPU from
+/// sm_80 runs.
+pub fn splitkv_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    super::tile::head_dims_valid(spec)?;
+    let ok = matches!(cfg.block_m, 16 | 32)
+        && matches!(cfg.block_n, 16 | 32 | 64)
+        && (2..=8).contains(&cfg.warps)
+        && (1..=4).contains(&cfg.stages)
+        && cfg.family == KernelFamily::Sm80;
+    if !ok {
+        return Err(PlanError::SplitKvTile {
+            block_m: cfg.block_m,
+            block_n: cfg.block_n,
+            warps: cfg.warps,
+            stages: cfg.stages,
+            family: cfg.family,
+        });
+    }
+    let bytes = splitkv_smem_bytes(spec, cfg);
+    if bytes > MAX_SMEM_BYTES {
+        return Err(PlanError::SharedMemory {
+            bytes,
+            limit: MAX_SMEM_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Why a variant has no split-KV path (the forward kernel still runs it), or `None`.
+pub fn splitkv_unsupported(spec: &VariantSpec) -> Option<&'static str> {
+    if spec.sparsity.is_some() {
+        Some("a block-sparse layout is walked through its block map, which the split-KV kernel does not read")
+    } else if spec.dropout.is_some() {
+        Some("dropout is a training feature; the split-KV kernel (inference) does not apply it")
+    } else {
+        None
+    }
+}
+
+/// The split-KV attention kernel's operands: the forward's Q, K, V, O, LSE, then the splits'
+/// partial outputs and LSEs (flat f32 workspaces the runtime allocates; unused with one split).
+pub fn splitkv_operands(spec: &VariantSpec) -> Vec<Operand> {
+    let mut ops = super::forward::forward_operands(
+        spec,
+        &TileConfig {
+            family: KernelFamily::Sm80,
+            ..default_splitkv_config(spec)
+        },
+    );
+    ops.extend(partial_operands(Role::Output));
+    ops
+}
+
+fn partial_operands(role: Role) -> [Operand; 2] {
+    [
+        Operand::new(
+            OPART_OPERAND,
+            role,
+            OperandType::F32,
+            &[Splits, Batch, HeadsQ, SeqQ, HeadDimV],
+            Layout::Contiguous,
+        ),
+        Operand::new(
+            LSEPART_OPERAND,
+            role,
+            OperandType::F32,
+            &[Splits, Batch, HeadsQ, SeqQ],
+            Layout::Contiguous,
+        ),
+    ]
+}
+
+/// Plans the split-KV attention kernel of `spec` with `config` (see the module docs).
+pub fn plan_splitkv(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    if let Some(why) = splitkv_unsupported(spec) {
+        return Err(PlanError::SplitKvVariant(why));
+    }
+    splitkv_config_is_valid(spec, &config)?;
+    let operands = splitkv_operands(spec);
+    let mut scalars = super::forward::ATTENTION_SCALARS.to_vec();
+    scalars.push(ArgField::Size(Splits));
+    let args = arg_layout(spec, &operands, &scalars);
+    Ok(KernelPlan {
+        kind: KernelKind::SplitKv,
+        spec: spec.clone(),
+        config,
+        args,
+        operands,
+        launch: LaunchShape {
+            grid: GridRule::SplitKv {
+                rows: config.block_m,
+            },
+            threads: config.warps * 32,
+            smem_bytes: splitkv_smem_bytes(spec, &config),
+        },
+        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
+        kernel_name: kernel_name(KernelKind::SplitKv, spec, &config),
+        deterministic: false,
+        block_map: None,
+    })
+}
+
+/// Plans the combine kernel: reads the splits' partials, writes O (strided, the variant's
+/// dtype) and the LSE. One warp per output row.
+pub fn plan_combine(spec: &VariantSpec) -> KernelPlan {
+    let elem = OperandType::Storage(spec.dtype);
+    let mut operands = partial_operands(Role::Input).to_vec();
+    operands.push(Operand::new(
+        "o",
+        Role::Output,
+        elem,
+        &[Batch, SeqQ, HeadsQ, HeadDimV],
+        Layout::Strided,
+    ));
+    operands.push(Operand::new(
+        "lse",
+        Role::Output,
+        OperandType::F32,
+        &[Batch, HeadsQ, SeqQ],
+        Layout::Contiguous,
+    ));
+    let scalars = [
+        ArgField::Size(Batch),
+        ArgField::Size(HeadsQ),
+        ArgField::Size(SeqQ),
+        ArgField::Size(Splits),
+    ];
+    let config = TileConfig {
+        block_m: COMBINE_WARPS,
+        block_n: 1,
+        warps: COMBINE_WARPS,
+        stages: 1,
+        family: KernelFamily::Sm80,
+    };
+    KernelPlan {
+        kind: KernelKind::Combine,
+        spec: spec.clone(),
+        config,
+        args: arg_layout_with(spec, &operands, &scalars, &[], false),
+        operands,
+        launch: LaunchShape {
+            grid: GridRule::Rows {
+                rows: COMBINE_WARPS,
+            },
+            threads: COMBINE_WARPS * 32,
+            smem_bytes: 0,
+        },
+        mask: None,
+        kernel_name: kernel_name(KernelKind::Combine, spec, &config),
+        deterministic: false,
+        block_map: None,
+    }
+}
+
+/// The split-KV pass: the attention kernel, then the combine (launched only with more than
+/// one split).
+pub fn splitkv_pipeline(spec: &VariantSpec, config: TileConfig) -> Result<Pipeline, PlanError> {
+    Ok(Pipeline {
+        kernels: vec![plan_splitkv(spec, config)?, plan_combine(spec)],
+    })
+}
+
+/// The shape of a split-KV launch, for choosing its split count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitShape {
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads.
+    pub heads_kv: usize,
+    /// Query positions.
+    pub seq_q: usize,
+    /// Key positions.
+    pub seq_k: usize,
+}
+
+impl SplitShape {
+    /// Blocks of one split: (batch, KV head, packed row tile) triples.
+    pub fn blocks_per_split(&self, cfg: &TileConfig) -> usize {
+        let group = self.heads_q / self.heads_kv.max(1);
+        self.batch * self.heads_kv * (group * self.seq_q).div_ceil(cfg.block_m as usize)
+    }
+}
+
+/// The number of splits for a launch on a GPU with `sms` multiprocessors that runs
+/// `blocks_per_sm` blocks of the kernel at once.
+///
+/// The rule (FlashAttention's, with a tighter bar because decode is bound by memory, where an
+/// idle SM is lost bandwidth): for each split count `s` from 1, the wave efficiency is
+/// `w / ceil(w)` with `w = blocks·s / (sms·blocks_per_sm)` waves; take the smallest `s` whose
+/// efficiency is within 95 % of the best over all candidates. Candidates stop where a split
+/// would give a warp fewer than two key tiles (its pipeline would never fill), and at
+/// [`MAX_SPLITS`]. A launch that already fills 80 % of a wave takes one split.
+///
+/// ```
+/// use flash_dsl::plan::splitkv::{choose_splits, default_splitkv_config, SplitShape};
+/// let spec = flash_dsl::parse::parse_str("D { head_dim: 128, dtype: bf16 }").unwrap().remove(0);
+/// let cfg = default_splitkv_config(&spec);
+/// // Decode, batch 1, 32 query heads on 8 KV heads, 8k keys: 8 blocks per split on 132 SMs.
+/// let one = SplitShape { batch: 1, heads_q: 32, heads_kv: 8, seq_q: 1, seq_k: 8192 };
+/// let s = choose_splits(&one, &cfg, 132, 1);
+/// assert!(s >= 16 && 8 * s <= 2 * 132, "{s}");
+/// // Batch 64: 512 blocks already fill the GPU.
+/// let many = SplitShape { batch: 64, ..one };
+/// assert_eq!(choose_splits(&many, &cfg, 132, 1), 1);
+/// ```
+pub fn choose_splits(
+    shape: &SplitShape,
+    cfg: &TileConfig,
+    sms: usize,
+    blocks_per_sm: usize,
+) -> usize {
+    let blocks = shape.blocks_per_split(cfg);
+    let slots = (sms * blocks_per_sm.max(1)).max(1);
+    if blocks == 0 || blocks * 5 >= slots * 4 {
+        return 1;
+    }
+    let key_tiles = shape.seq_k.div_ceil(cfg.block_n as usize);
+    let max_s = (key_tiles / (2 * cfg.warps as usize)).clamp(1, MAX_SPLITS);
+    let eff = |s: usize| {
+        let w = (blocks * s) as f64 / slots as f64;
+        w / w.ceil()
+    };
+    let best = (1..=max_s).map(eff).fold(0.0f64, f64::max);
+    (1..=max_s).find(|&s| eff(s) >= 0.95 * best).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(src: &str) -> VariantSpec {
+        crate::parse::parse_str(src).unwrap().remove(0)
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_and_stop_at_short_keys() {
+        let s = spec("D { head_dim: 128, dtype: bf16 }");
+        let cfg = default_splitkv_config(&s);
+        let shape = SplitShape {
+            batch: 1,
+            heads_q: 32,
+            heads_kv: 8,
+            seq_q: 1,
+            seq_k: 131072,
+        };
+        let n = choose_splits(&shape, &cfg, 132, 1);
+        let eff = |s: usize| {
+            let w = (8 * s) as f64 / 132.0;
+            w / w.ceil()
+        };
+        assert!(eff(n) >= 0.95 * (1..=256).map(eff).fold(0.0, f64::max));
+        // 64 keys: two tiles per warp at most once, so one split.
+        let short = SplitShape { seq_k: 64, ..shape };
+        assert_eq!(choose_splits(&short, &cfg, 132, 1), 1);
+        // Never more splits than two key tiles per warp allow.
+        let mid = SplitShape {
+            seq_k: 1024,
+            ..shape
+        };
+        assert!(choose_splits(&mid, &cfg, 132, 1) <= 1024 / 32 / 8);
+    }
+
+    #[test]
+    fn smem_counts_every_warps_buffers_and_fits_by_default() {
+        for d in [64, 96, 128, 256] {
+            let s = spec(&format!("D {{ head_dim: {d}, dtype: f16 }}"));
+            let cfg = default_splitkv_config(&s);
+            assert!(splitkv_config_is_valid(&s, &cfg).is_ok(), "d {d}: {cfg:?}");
+        }
+        let s = spec("D { head_dim: 128, dtype: bf16 }");
+        let cfg = default_splitkv_config(&s);
+        // Q 16 rows, then 4 warps x 3 stages x 32 keys x (K + V) rows of 256 bytes.
+        assert_eq!(splitkv_smem_bytes(&s, &cfg), 16 * 256 + 4 * 3 * 32 * 512);
+    }
+
+    #[test]
+    fn unsupported_variants_and_tiles_are_named() {
+        let drop = spec("D { head_dim: 64, dtype: bf16, dropout: 0.1 }");
+        let e = plan_splitkv(&drop, default_splitkv_config(&drop)).unwrap_err();
+        assert!(e.to_string().contains("dropout"), "{e}");
+        let s = spec("D { head_dim: 64, dtype: bf16 }");
+        let mut cfg = default_splitkv_config(&s);
+        cfg.block_m = 64;
+        let e = plan_splitkv(&s, cfg).unwrap_err();
+        assert!(e.to_string().contains("got 64x32x4x3 on Sm80"), "{e}");
+    }
+
+    #[test]
+    fn the_pipeline_merges_what_the_attention_kernel_writes() {
+        let s = spec("W { head_dim: 128, dtype: bf16, mask: causal && q - k < 256 }");
+        let p = splitkv_pipeline(&s, default_splitkv_config(&s)).unwrap();
+        let (attn, comb) = (&p.kernels[0], &p.kernels[1]);
+        for name in [OPART_OPERAND, LSEPART_OPERAND] {
+            assert_eq!(attn.operand(name).unwrap().1.role, Role::Output);
+            assert_eq!(comb.operand(name).unwrap().1.role, Role::Input);
+        }
+        assert!(attn
+            .kernel_name
+            .starts_with("flash_skv_w_bf16_d128x128_m16n32w4s3"));
+        assert!(comb.kernel_name.starts_with("flash_cmb_w_bf16"));
+        assert!(attn.mask.is_some());
+    }
+}
