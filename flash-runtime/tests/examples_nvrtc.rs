@@ -125,14 +125,14 @@ fn block_map_builders_compile() {
     }
 }
 
-/// The split-KV attention and combine kernels of every example variant that has them, at head
+/// The split-KV kernel of every example variant that has one, at head
 /// dims 64, 128 and 256 (bf16 and f16), compiled for sm_80 and sm_90a, without spills up to head
 /// dim 128 (at 256 the fp32 output accumulator alone takes 128 of the 255 registers and a few
 /// bytes may spill; printed); the variants without one (block-sparse layouts, dropout) get the
 /// planner's reason.
 #[test]
 fn split_kv_kernels_compile_without_spills() {
-    use flash_dsl::plan::splitkv::{default_splitkv_config, splitkv_pipeline, splitkv_unsupported};
+    use flash_dsl::plan::splitkv::{default_splitkv_config, plan_splitkv, splitkv_unsupported};
     if !common::have_nvrtc("split_kv_kernels_compile_without_spills") {
         return;
     }
@@ -140,7 +140,7 @@ fn split_kv_kernels_compile_without_spills() {
     let mut without = 0;
     for spec in examples() {
         if let Some(why) = splitkv_unsupported(&spec) {
-            let e = splitkv_pipeline(&spec, default_splitkv_config(&spec)).unwrap_err();
+            let e = plan_splitkv(&spec, default_splitkv_config(&spec)).unwrap_err();
             assert!(e.to_string().contains(why), "{}: {e}", spec.name);
             without += 1;
             continue;
@@ -149,11 +149,9 @@ fn split_kv_kernels_compile_without_spills() {
             for dtype in [DType::Bf16, DType::F16] {
                 let mut s = spec.clone();
                 (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, dtype);
-                let pipe = splitkv_pipeline(&s, default_splitkv_config(&s)).unwrap();
-                for p in pipe.kernels {
-                    for arch in ["sm_80", "sm_90a"] {
-                        jobs.push((p.clone(), arch));
-                    }
+                let p = plan_splitkv(&s, default_splitkv_config(&s)).unwrap();
+                for arch in ["sm_80", "sm_90a"] {
+                    jobs.push((p.clone(), arch));
                 }
             }
         }

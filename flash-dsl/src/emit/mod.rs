@@ -74,9 +74,8 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
         (KernelKind::BlockMap | KernelKind::BlockMapKeys, _) => {
             include_str!("../../templates/block_map/generic.cu.hbs")
         }
-        // Plain mma.sync and per-row kernels: any GPU from sm_80.
+        // Plain mma.sync: any GPU from sm_80.
         (KernelKind::SplitKv, _) => include_str!("../../templates/splitkv/generic.cu.hbs"),
-        (KernelKind::Combine, _) => include_str!("../../templates/combine/generic.cu.hbs"),
     }
 }
 

@@ -64,10 +64,8 @@ pub enum KernelKind {
     /// The backward's block map: per key tile, its query tiles.
     BlockMapKeys,
     /// Inference: the query heads of a KV group packed into one tile, the keys cut into splits
-    /// (see [`splitkv`]); partial O and LSE per split, or O and the LSE with one split.
+    /// (see [`splitkv`]); the last split of a row tile to finish merges the others.
     SplitKv,
-    /// Merges the split-KV kernel's partial outputs by their log-sum-exps.
-    Combine,
 }
 
 impl KernelKind {
@@ -80,7 +78,6 @@ impl KernelKind {
             KernelKind::DqConvert => "dq_convert",
             KernelKind::BlockMap | KernelKind::BlockMapKeys => "block_map",
             KernelKind::SplitKv => "splitkv",
-            KernelKind::Combine => "combine",
         }
     }
     /// The short tag in kernel entry-point names.
@@ -93,7 +90,6 @@ impl KernelKind {
             KernelKind::BlockMap => "bmap",
             KernelKind::BlockMapKeys => "bmapk",
             KernelKind::SplitKv => "skv",
-            KernelKind::Combine => "cmb",
         }
     }
 }

@@ -335,11 +335,6 @@ pub enum GridRule {
         /// Packed rows per tile (`block_m`).
         rows: u32,
     },
-    /// `(ceil(batch · heads_q · seq_q / rows), 1, 1)`: one block per `rows` output rows.
-    Rows {
-        /// Output rows per block.
-        rows: u32,
-    },
     /// `(row tiles, heads_q or 1, batch or 1)`: one block per row of a block map (row tiles of
     /// `tile` query positions, or key positions when `along_keys`).
     MapRows {
@@ -379,12 +374,6 @@ impl GridRule {
                     get(Extent::Batch),
                 ]
             }
-            GridRule::Rows { rows } => [
-                (get(Extent::Batch) * get(Extent::HeadsQ) * get(Extent::SeqQ))
-                    .div_ceil(rows as usize),
-                1,
-                1,
-            ],
             GridRule::KeyTilesKvHeads { rows } => [
                 get(Extent::SeqK).div_ceil(rows as usize),
                 get(Extent::HeadsKv),

@@ -49,7 +49,7 @@ pub mod tensor;
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
-pub use splitkv::{SplitKvKernels, SPLITKV_MAX_ROWS};
+pub use splitkv::SPLITKV_MAX_ROWS;
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
 };
@@ -61,6 +61,9 @@ fn driver(what: &str, e: result::DriverError) -> FlashError {
 // ---------------------------------------------------------------------------------------------
 // Runtime and loaded kernels
 // ---------------------------------------------------------------------------------------------
+
+/// The split-KV workspaces: fp32 partials, i32 arrival counters.
+type SplitWorkspace = (Option<CudaSlice<f32>>, Option<CudaSlice<i32>>);
 
 /// Loaded kernels by the (kind, spec, forced configuration, deterministic mode) they were
 /// loaded for.
@@ -106,8 +109,8 @@ pub struct Runtime {
     variant_specs: Mutex<HashMap<&'static str, Arc<VariantSpec>>>,
     /// The persistent kernels' work counter (see `sched_operand`).
     sched: Mutex<Option<CudaSlice<i32>>>,
-    /// The split-KV pass's fp32 partials (see `splitkv`).
-    split_ws: Mutex<Option<CudaSlice<f32>>>,
+    /// The split-KV pass's fp32 partials and arrival counters (see `splitkv`).
+    split_ws: Mutex<SplitWorkspace>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -199,7 +202,7 @@ impl Runtime {
             kernels: Mutex::new(HashMap::new()),
             variant_specs: Mutex::new(HashMap::new()),
             sched: Mutex::new(None),
-            split_ws: Mutex::new(None),
+            split_ws: Mutex::new((None, None)),
         })
     }
 
@@ -364,8 +367,7 @@ impl Runtime {
     /// Without a forced `config`, decode-sized launches (at most [`SPLITKV_MAX_ROWS`] packed
     /// query rows per KV head, see [`Runtime::takes_split_kv`]) run through the split-KV pass
     /// instead ([`Runtime::forward_split_kv`]), which packs the query heads of a KV group into
-    /// one tile and spreads the keys over the GPU; the returned kernel is then its attention
-    /// kernel.
+    /// one tile and spreads the keys over the GPU; the returned kernel is then the split-KV one.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_spec(
         &self,
@@ -379,9 +381,9 @@ impl Runtime {
         params: &[ParamArg<'_>],
     ) -> Result<Arc<LoadedKernel>, FlashError> {
         if config.is_none() && self.takes_split_kv(spec, ProblemShape::of(q, k)) {
-            let kernels = self.load_split_kv(spec, None)?;
-            self.forward_split_kv(&kernels, q, k, v, o, lse, params, None)?;
-            return Ok(kernels.attention);
+            let kernel = self.load_split_kv(spec, None)?;
+            self.forward_split_kv(&kernel, q, k, v, o, lse, params, None)?;
+            return Ok(kernel);
         }
         let kernel = self.load(spec, config)?;
         self.forward(&kernel, q, k, v, o, lse, params)?;

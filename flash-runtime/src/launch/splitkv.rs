@@ -1,12 +1,12 @@
-//! The split-KV pass for inference shapes (see `flash_dsl::plan::splitkv`): the attention
-//! kernel over (batch, KV head, packed row tile, split) blocks, then the combine kernel when
-//! there is more than one split. The runtime picks the split count from the shape and the GPU,
-//! and keeps the splits' fp32 partials in a workspace it owns and reuses.
+//! The split-KV pass for inference shapes (see `flash_dsl::plan::splitkv`): one kernel over
+//! (batch, KV head, packed row tile, split) blocks, the last split of each row tile merging the
+//! others. The runtime picks the split count from the shape and the GPU, and keeps the splits'
+//! fp32 partials and the row tiles' arrival counters in workspaces it owns and reuses.
 
 use std::sync::Arc;
 
 use flash_dsl::plan::splitkv::{
-    choose_splits, default_splitkv_config, splitkv_pipeline, splitkv_unsupported, SplitShape,
+    choose_splits, default_splitkv_config, plan_splitkv, splitkv_unsupported, SplitShape,
     MAX_SPLITS,
 };
 use flash_dsl::plan::{Extent, KernelKind};
@@ -25,15 +25,6 @@ use crate::variant::ParamArg;
 /// win.
 pub const SPLITKV_MAX_ROWS: usize = 64;
 
-/// The loaded kernels of a split-KV pass.
-#[derive(Clone)]
-pub struct SplitKvKernels {
-    /// The attention kernel.
-    pub attention: Arc<LoadedKernel>,
-    /// The combine kernel.
-    pub combine: Arc<LoadedKernel>,
-}
-
 impl Runtime {
     /// Whether [`Runtime::forward_spec`] runs `spec` at `shape` through the split-KV pass: the
     /// variant has one ([`splitkv_unsupported`]) and the packed rows of a KV head are at most
@@ -46,22 +37,18 @@ impl Runtime {
             && shape.heads_q / shape.heads_kv * shape.seq_q <= SPLITKV_MAX_ROWS
     }
 
-    /// Loads (memoised) the split-KV attention and combine kernels of `spec`.
+    /// Loads (memoised) the split-KV kernel of `spec` with `config` (default:
+    /// [`default_splitkv_config`]).
     pub fn load_split_kv(
         &self,
         spec: &VariantSpec,
         config: Option<TileConfig>,
-    ) -> Result<SplitKvKernels, FlashError> {
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
         let cfg = config.unwrap_or_else(|| default_splitkv_config(spec));
         self.require_family(&cfg)?;
-        let pipe = || splitkv_pipeline(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e));
-        let attention = self.load_kind((KernelKind::SplitKv, false), spec, Some(cfg), || {
-            Ok(pipe()?.kernels.remove(0))
-        })?;
-        let combine = self.load_kind((KernelKind::Combine, false), spec, None, || {
-            Ok(pipe()?.kernels.remove(1))
-        })?;
-        Ok(SplitKvKernels { attention, combine })
+        self.load_kind((KernelKind::SplitKv, false), spec, Some(cfg), || {
+            plan_splitkv(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e))
+        })
     }
 
     /// The split count [`Runtime::forward_split_kv`] uses for `shape` with `kernel`, by
@@ -97,7 +84,7 @@ impl Runtime {
     #[allow(clippy::too_many_arguments)]
     pub fn forward_split_kv(
         &self,
-        kernels: &SplitKvKernels,
+        kernel: &LoadedKernel,
         q: &TensorRef<'_>,
         k: &TensorRef<'_>,
         v: &TensorRef<'_>,
@@ -106,19 +93,16 @@ impl Runtime {
         params: &[ParamArg<'_>],
         splits: Option<usize>,
     ) -> Result<usize, FlashError> {
-        let (launches, n) = self.prepare_split_kv(kernels, q, k, v, o, lse, params, splits)?;
-        for l in &launches {
-            self.launch_checked(l)?;
-        }
+        let (launch, n) = self.prepare_split_kv(kernel, q, k, v, o, lse, params, splits)?;
+        self.launch_checked(&launch)?;
         Ok(n)
     }
 
-    /// The checked launches of a split-KV pass (the combine only with several splits) and the
-    /// split count.
+    /// The checked launch of a split-KV pass and its split count.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn prepare_split_kv<'a>(
         &'a self,
-        kernels: &'a SplitKvKernels,
+        kernel: &'a LoadedKernel,
         q: &TensorRef<'_>,
         k: &TensorRef<'_>,
         v: &TensorRef<'_>,
@@ -126,7 +110,7 @@ impl Runtime {
         lse: &LseMut<'_>,
         params: &[ParamArg<'_>],
         splits: Option<usize>,
-    ) -> Result<(Vec<PreparedLaunch<'a>>, usize), FlashError> {
+    ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
         let shape = ProblemShape::of(q, k);
         let n = match splits {
             Some(s) if s == 0 || s > MAX_SPLITS => {
@@ -135,16 +119,16 @@ impl Runtime {
                 )))
             }
             Some(s) => s,
-            None => self.split_kv_splits(&kernels.attention, shape),
+            None => self.split_kv_splits(kernel, shape),
         };
-        let dv = kernels.attention.plan.spec.head_dim_v as usize;
+        let dv = kernel.plan.spec.head_dim_v as usize;
         let rows = shape.batch * shape.heads_q * shape.seq_q;
         let (o_len, l_len) = if n > 1 {
             (n * rows * dv, n * rows)
         } else {
             (0, 0)
         };
-        let base = self.split_kv_workspace(o_len + l_len)?;
+        let (base, sem) = self.split_kv_workspace(o_len + l_len, rows)?;
         let me = tensor::ctx_id(self.context());
         let part = |off: usize, len: usize| {
             OperandArg::flat(base + 4 * off as u64, len, ElemType::F32, me)
@@ -152,49 +136,51 @@ impl Runtime {
         let mut ops = forward_operands(q, k, v, o, lse).to_vec();
         ops.push(part(0, o_len));
         ops.push(part(o_len, l_len));
+        ops.push(OperandArg::flat(sem, rows, ElemType::I32, me));
         // One split binds `splits` to 0: the partial workspaces are then empty (the kernel
         // writes O and the LSE itself), so nothing is allocated or checked for them.
         let preset = [(Extent::Splits, if n > 1 { n } else { 0 })];
-        let attention = self.prepare_with(&kernels.attention, &ops, params, &[], &preset)?;
-        let mut launches = vec![attention];
-        if n > 1 {
-            let comb = [
-                part(0, o_len),
-                part(o_len, l_len),
-                (&o.desc).into(),
-                lse.into(),
-            ];
-            launches.push(self.prepare_with(&kernels.combine, &comb, &[], &[], &preset)?);
-        }
-        Ok((launches, n))
+        let launch = self.prepare_with(kernel, &ops, params, &[], &preset)?;
+        Ok((launch, n))
     }
 
-    /// The device address of the split-KV workspace, grown (never shrunk) to at least `len`
-    /// f32 elements. Launches are ordered on the runtime's one stream, and a replaced buffer is
-    /// freed in stream order, so a kernel still reading the old one is unaffected.
-    fn split_kv_workspace(&self, len: usize) -> Result<u64, FlashError> {
+    /// The device addresses of the split-KV workspaces, grown (never shrunk): at least
+    /// `partials` f32 elements, and `sems` i32 arrival counters, zeroed when allocated and left
+    /// at zero by every launch. Launches are ordered on the runtime's one stream, and a replaced
+    /// buffer is freed in stream order, so a kernel still using the old one is unaffected.
+    fn split_kv_workspace(&self, partials: usize, sems: usize) -> Result<(u64, u64), FlashError> {
         let mut slot = self.split_ws.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_none_or(|b| b.len() < len.max(1)) {
-            *slot = Some(
+        let (parts, counters) = &mut *slot;
+        if parts.as_ref().is_none_or(|b| b.len() < partials.max(1)) {
+            *parts = Some(
                 self.stream()
-                    .alloc_zeros::<f32>(len.max(1))
-                    .map_err(|e| driver("allocating the split-KV workspace", e))?,
+                    .alloc_zeros::<f32>(partials.max(1))
+                    .map_err(|e| driver("allocating the split-KV partials", e))?,
             );
         }
-        let buf = slot.as_mut().expect("just allocated");
-        let (ptr, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(buf, self.stream());
-        Ok(ptr)
+        if counters.as_ref().is_none_or(|b| b.len() < sems.max(1)) {
+            *counters = Some(
+                self.stream()
+                    .alloc_zeros::<i32>(sems.max(1))
+                    .map_err(|e| driver("allocating the split-KV counters", e))?,
+            );
+        }
+        let s = self.stream();
+        let p = parts.as_mut().expect("just allocated");
+        let (pp, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(p, s);
+        let c = counters.as_mut().expect("just allocated");
+        let (cp, _sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(c, s);
+        Ok((pp, cp))
     }
 
-    /// Median milliseconds of one split-KV pass (attention and, with several splits, combine),
-    /// timed like [`Runtime::time_forward`], with the L2 cache flushed (a 256 MiB memset)
+    /// Median milliseconds of one split-KV pass, timed like [`Runtime::time_forward`], with the L2 cache flushed (a 256 MiB memset)
     /// before every timed round when `flush_l2`: decode reads each byte of K and V once, so a
     /// cache warmed by the previous round would time a workload no model runs. Returns it with
     /// the split count.
     #[allow(clippy::too_many_arguments)]
     pub fn time_split_kv(
         &self,
-        kernels: &SplitKvKernels,
+        kernel: &LoadedKernel,
         q: &TensorRef<'_>,
         k: &TensorRef<'_>,
         v: &TensorRef<'_>,
@@ -204,7 +190,7 @@ impl Runtime {
         splits: Option<usize>,
         (warmup, iters, flush_l2): (usize, usize, bool),
     ) -> Result<(f32, usize), FlashError> {
-        let (launches, n) = self.prepare_split_kv(kernels, q, k, v, o, lse, params, splits)?;
+        let (launch, n) = self.prepare_split_kv(kernel, q, k, v, o, lse, params, splits)?;
         let mut flush = if flush_l2 {
             Some(
                 self.stream()
@@ -215,7 +201,7 @@ impl Runtime {
             None
         };
         Ok((
-            self.time_launches(&launches, warmup, iters, flush.as_mut())?,
+            self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?,
             n,
         ))
     }

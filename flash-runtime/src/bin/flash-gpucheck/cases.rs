@@ -78,7 +78,7 @@ enum Path {
 
 /// Runs one case on the GPU; the CPU comparison happens later, in parallel. Besides each
 /// family's forward kernel, variants with a split-KV pass run it twice: with the split count
-/// the runtime picks and with 3 forced splits (so the combine runs on every shape).
+/// the runtime picks and with 3 forced splits (so the merge of splits runs on every shape).
 pub fn run_case(
     rt: &Runtime,
     spec: &VariantSpec,

@@ -65,7 +65,7 @@ pub fn timing_decode(
         let q_shape = [b, 1, hq, d];
         let nbytes = 2 * (2 * b * hq * d + 2 * b * hkv * nk * d);
         for (i, cfg) in configs.iter().enumerate() {
-            let kernels = match rt.load_split_kv(&spec, Some(*cfg)) {
+            let kernel = match rt.load_split_kv(&spec, Some(*cfg)) {
                 Ok(k) => k,
                 Err(e) => {
                     println!("# decode {cfg:?}: {e}");
@@ -78,7 +78,7 @@ pub fn timing_decode(
             let mut to = TensorMut::new(&mut obuf, q_shape, st);
             let mut tl = LseMut::new(&mut lbuf, st);
             let (ms, splits) = rt.time_split_kv(
-                &kernels,
+                &kernel,
                 &tq,
                 &tk,
                 &tv,
@@ -98,7 +98,7 @@ pub fn timing_decode(
             if i == 0 && sweep {
                 for forced in [splits * 2, splits * 4] {
                     let (ms, _) = rt.time_split_kv(
-                        &kernels,
+                        &kernel,
                         &tq,
                         &tk,
                         &tv,
