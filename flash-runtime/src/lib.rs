@@ -87,5 +87,5 @@ pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resour
 pub use cudarc;
 pub use error::FlashError;
 pub use flash_dsl;
-pub use launch::{BlockMap, LseMut, ProblemShape, Runtime, TensorMut, TensorRef};
+pub use launch::{BlockMap, LseMut, PagedKv, ProblemShape, Runtime, TensorMut, TensorRef};
 pub use variant::{ParamArg, Variant};

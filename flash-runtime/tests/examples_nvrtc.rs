@@ -125,14 +125,16 @@ fn block_map_builders_compile() {
     }
 }
 
-/// The split-KV kernel of every example variant that has one, at head
+/// The split-KV kernels (contiguous and paged KV) of every example variant that has them, at head
 /// dims 64, 128 and 256 (bf16 and f16), compiled for sm_80 and sm_90a, without spills up to head
 /// dim 128 (at 256 the fp32 output accumulator alone takes 128 of the 255 registers and a few
 /// bytes may spill; printed); the variants without one (block-sparse layouts, dropout) get the
 /// planner's reason.
 #[test]
 fn split_kv_kernels_compile_without_spills() {
-    use flash_dsl::plan::splitkv::{default_splitkv_config, plan_splitkv, splitkv_unsupported};
+    use flash_dsl::plan::splitkv::{
+        default_splitkv_config, plan_splitkv, plan_splitkv_paged, splitkv_unsupported,
+    };
     if !common::have_nvrtc("split_kv_kernels_compile_without_spills") {
         return;
     }
@@ -149,9 +151,14 @@ fn split_kv_kernels_compile_without_spills() {
             for dtype in [DType::Bf16, DType::F16] {
                 let mut s = spec.clone();
                 (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, dtype);
-                let p = plan_splitkv(&s, default_splitkv_config(&s)).unwrap();
-                for arch in ["sm_80", "sm_90a"] {
-                    jobs.push((p.clone(), arch));
+                let cfg = default_splitkv_config(&s);
+                for p in [
+                    plan_splitkv(&s, cfg).unwrap(),
+                    plan_splitkv_paged(&s, cfg).unwrap(),
+                ] {
+                    for arch in ["sm_80", "sm_90a"] {
+                        jobs.push((p.clone(), arch));
+                    }
                 }
             }
         }

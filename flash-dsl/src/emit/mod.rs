@@ -75,7 +75,9 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
             include_str!("../../templates/block_map/generic.cu.hbs")
         }
         // Plain mma.sync: any GPU from sm_80.
-        (KernelKind::SplitKv, _) => include_str!("../../templates/splitkv/generic.cu.hbs"),
+        (KernelKind::SplitKv | KernelKind::SplitKvPaged, _) => {
+            include_str!("../../templates/splitkv/generic.cu.hbs")
+        }
     }
 }
 
@@ -159,6 +161,8 @@ struct Context {
     layout_per_head: bool,
     /// The wgmma wrappers of a Hopper kernel ([`wgmma::hopper_wgmmas`]), as C++.
     wgmma_defs: String,
+    /// K and V live in a paged cache (the split-KV kernel over pages).
+    paged: bool,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -361,6 +365,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
         map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),
         map_per_head: plan.block_map.is_some_and(|m| m.per_head),
+        paged: plan.kind == KernelKind::SplitKvPaged,
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

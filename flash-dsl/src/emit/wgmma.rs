@@ -35,7 +35,10 @@ pub fn hopper_wgmmas(plan: &KernelPlan) -> Vec<Wgmma> {
         return Vec::new();
     }
     match plan.kind {
-        KernelKind::BlockMap | KernelKind::BlockMapKeys | KernelKind::SplitKv => Vec::new(),
+        KernelKind::BlockMap
+        | KernelKind::BlockMapKeys
+        | KernelKind::SplitKv
+        | KernelKind::SplitKvPaged => Vec::new(),
         KernelKind::Forward => vec![
             Wgmma {
                 name: "wgmma_s",

@@ -66,6 +66,9 @@ pub enum KernelKind {
     /// Inference: the query heads of a KV group packed into one tile, the keys cut into splits
     /// (see [`splitkv`]); the last split of a row tile to finish merges the others.
     SplitKv,
+    /// [`KernelKind::SplitKv`] over a paged KV cache: K and V as `[pages, page_size, heads_kv,
+    /// d]`, addressed through a page table, with a cached length per sequence.
+    SplitKvPaged,
 }
 
 impl KernelKind {
@@ -77,7 +80,7 @@ impl KernelKind {
             KernelKind::BackwardMain => "backward",
             KernelKind::DqConvert => "dq_convert",
             KernelKind::BlockMap | KernelKind::BlockMapKeys => "block_map",
-            KernelKind::SplitKv => "splitkv",
+            KernelKind::SplitKv | KernelKind::SplitKvPaged => "splitkv",
         }
     }
     /// The short tag in kernel entry-point names.
@@ -90,6 +93,7 @@ impl KernelKind {
             KernelKind::BlockMap => "bmap",
             KernelKind::BlockMapKeys => "bmapk",
             KernelKind::SplitKv => "skv",
+            KernelKind::SplitKvPaged => "skvp",
         }
     }
 }

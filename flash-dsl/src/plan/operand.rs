@@ -77,11 +77,17 @@ pub enum Extent {
     /// for a launch of one split, whose partial workspaces are empty (the attention kernel
     /// writes O and the LSE itself).
     Splits,
+    /// Pages of a paged KV cache.
+    Pages,
+    /// Key positions per page of a paged KV cache.
+    PageSize,
+    /// Entries per sequence of a paged cache's page table.
+    MaxPages,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 9] = [
+    pub const ALL: [Extent; 12] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -91,6 +97,9 @@ impl Extent {
         Extent::HeadDimV,
         Extent::MapLen,
         Extent::Splits,
+        Extent::Pages,
+        Extent::PageSize,
+        Extent::MaxPages,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -104,6 +113,9 @@ impl Extent {
             Extent::HeadDimV => "head_dim_v",
             Extent::MapLen => "block_map_len",
             Extent::Splits => "splits",
+            Extent::Pages => "pages",
+            Extent::PageSize => "page_size",
+            Extent::MaxPages => "max_pages",
         }
     }
     /// The value the spec fixes, for head dims.

@@ -112,9 +112,16 @@ pub fn splitkv_unsupported(spec: &VariantSpec) -> Option<&'static str> {
     }
 }
 
-/// The split-KV attention kernel's operands: the forward's Q, K, V, O, LSE, then the splits'
-/// partial outputs and LSEs and the row tiles' semaphores (flat workspaces the runtime owns).
-pub fn splitkv_operands(spec: &VariantSpec) -> Vec<Operand> {
+/// The page table of a paged KV cache (`[batch, max_pages]` i32 page indices).
+pub const PAGE_TABLE_OPERAND: &str = "page_table";
+/// The cached length of each sequence of a paged KV cache (`[batch]` i32).
+pub const SEQLENS_K_OPERAND: &str = "seqlens_k";
+
+/// The split-KV attention kernel's operands: the forward's Q, K, V, O, LSE (with `paged`, K and
+/// V are `[pages, page_size, heads_kv, d]` caches and the page table and the sequences' cached
+/// lengths follow), then the splits' partial outputs and LSEs and the row tiles' semaphores
+/// (flat workspaces the runtime owns).
+pub fn splitkv_operands(spec: &VariantSpec, paged: bool) -> Vec<Operand> {
     let mut ops = super::forward::forward_operands(
         spec,
         &TileConfig {
@@ -122,6 +129,24 @@ pub fn splitkv_operands(spec: &VariantSpec) -> Vec<Operand> {
             ..default_splitkv_config(spec)
         },
     );
+    if paged {
+        ops[1].dims = vec![Pages, PageSize, HeadsKv, HeadDimQk];
+        ops[2].dims = vec![Pages, PageSize, HeadsKv, HeadDimV];
+        ops.push(Operand::new(
+            PAGE_TABLE_OPERAND,
+            Role::Input,
+            OperandType::I32,
+            &[Batch, MaxPages],
+            Layout::Contiguous,
+        ));
+        ops.push(Operand::new(
+            SEQLENS_K_OPERAND,
+            Role::Input,
+            OperandType::I32,
+            &[Batch],
+            Layout::Contiguous,
+        ));
+    }
     ops.push(Operand::new(
         OPART_OPERAND,
         Role::Output,
@@ -148,16 +173,44 @@ pub fn splitkv_operands(spec: &VariantSpec) -> Vec<Operand> {
 
 /// Plans the split-KV attention kernel of `spec` with `config` (see the module docs).
 pub fn plan_splitkv(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    plan_splitkv_kind(spec, config, false)
+}
+
+/// Plans the split-KV kernel over a paged KV cache. Any page size works (each key row is found
+/// through the page table); `seq_k` in its argument struct is the cache's capacity
+/// (`max_pages · page_size`), which also sizes tensor params over `seq` positions, while masks and
+/// scores see each sequence's own cached length.
+pub fn plan_splitkv_paged(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    plan_splitkv_kind(spec, config, true)
+}
+
+fn plan_splitkv_kind(
+    spec: &VariantSpec,
+    config: TileConfig,
+    paged: bool,
+) -> Result<KernelPlan, PlanError> {
     if let Some(why) = splitkv_unsupported(spec) {
         return Err(PlanError::SplitKvVariant(why));
     }
     splitkv_config_is_valid(spec, &config)?;
-    let operands = splitkv_operands(spec);
+    let operands = splitkv_operands(spec, paged);
+    let kind = if paged {
+        KernelKind::SplitKvPaged
+    } else {
+        KernelKind::SplitKv
+    };
     let mut scalars = super::forward::ATTENTION_SCALARS.to_vec();
     scalars.push(ArgField::Size(Splits));
+    if paged {
+        scalars.extend([
+            ArgField::Size(Pages),
+            ArgField::Size(PageSize),
+            ArgField::Size(MaxPages),
+        ]);
+    }
     let args = arg_layout(spec, &operands, &scalars);
     Ok(KernelPlan {
-        kind: KernelKind::SplitKv,
+        kind,
         spec: spec.clone(),
         config,
         args,
@@ -170,7 +223,7 @@ pub fn plan_splitkv(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
             smem_bytes: splitkv_smem_bytes(spec, &config),
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
-        kernel_name: kernel_name(KernelKind::SplitKv, spec, &config),
+        kernel_name: kernel_name(kind, spec, &config),
         deterministic: false,
         block_map: None,
     })

@@ -49,7 +49,7 @@ pub mod tensor;
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
-pub use splitkv::SPLITKV_MAX_ROWS;
+pub use splitkv::{PagedKv, SPLITKV_MAX_ROWS};
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
 };

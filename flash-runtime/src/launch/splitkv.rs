@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_dsl::plan::splitkv::{
-    choose_splits, default_splitkv_config, plan_splitkv, splitkv_unsupported, SplitShape,
-    MAX_SPLITS,
+    choose_splits, default_splitkv_config, plan_splitkv, plan_splitkv_paged, splitkv_unsupported,
+    SplitShape, MAX_SPLITS,
 };
 use flash_dsl::plan::{Extent, KernelKind};
 use flash_dsl::{TileConfig, VariantSpec};
@@ -24,6 +25,82 @@ use crate::variant::ParamArg;
 /// 16). Above it every row tile re-reads the keys, and the forward kernel's larger query tiles
 /// win.
 pub const SPLITKV_MAX_ROWS: usize = 64;
+
+/// A paged KV cache for [`Runtime::forward_paged`]: K and V as `[pages, page_size, heads_kv, d]`
+/// (strided, last dimension contiguous), a `[batch, max_pages]` page table and each sequence's
+/// cached length, on the device. Key `k` of sequence `b` is row `k % page_size` of page
+/// `page_table[b][k / page_size]`; any page size and any page order work.
+pub struct PagedKv<'a> {
+    /// The K cache, `[pages, page_size, heads_kv, head_dim_qk]`.
+    pub k: TensorRef<'a>,
+    /// The V cache, `[pages, page_size, heads_kv, head_dim_v]`.
+    pub v: TensorRef<'a>,
+    /// Page indices, `[batch, max_pages]` row-major; entries past a sequence's last page are
+    /// never read.
+    pub page_table: &'a CudaSlice<i32>,
+    /// Entries per sequence of the page table.
+    pub max_pages: usize,
+    /// Cached keys per sequence, `[batch]`, each at most `max_pages · page_size`.
+    pub seqlens_k: &'a CudaSlice<i32>,
+    /// Host copies of the page table and the lengths. When given, the launch checks them: every
+    /// length in `[0, max_pages · page_size]`, every page a sequence reads in `[0, pages)`.
+    /// Without them the kernel still never reads outside the caches (a page index out of range
+    /// reads as zeros, a length is clamped into the capacity), but a bad table gives wrong
+    /// results instead of an error.
+    pub host: Option<(&'a [i32], &'a [i32])>,
+}
+
+impl PagedKv<'_> {
+    /// Keys per page.
+    pub fn page_size(&self) -> usize {
+        self.k.desc.shape[1]
+    }
+
+    /// The most keys a sequence can hold: `max_pages · page_size`.
+    pub fn capacity(&self) -> usize {
+        self.max_pages * self.page_size()
+    }
+
+    /// The launch-time checks of the host copies (see [`PagedKv::host`]).
+    fn check_host(&self, batch: usize) -> Result<(), FlashError> {
+        let Some((table, lens)) = self.host else {
+            return Ok(());
+        };
+        let (pages, ps, cap) = (self.k.desc.shape[0], self.page_size(), self.capacity());
+        if table.len() < batch * self.max_pages || lens.len() < batch {
+            return Err(invalid(format!(
+                "the host page table has {} entries and the lengths {}; batch {batch} with max_pages {} needs {} and {batch}",
+                table.len(),
+                lens.len(),
+                self.max_pages,
+                batch * self.max_pages
+            )));
+        }
+        for (b, &len) in lens[..batch].iter().enumerate() {
+            if len < 0 || len as usize > cap {
+                return Err(invalid(format!(
+                    "seqlens_k[{b}] is {len}; it must lie in [0, {cap}] (max_pages {} x page_size {ps})",
+                    self.max_pages
+                )));
+            }
+            let used = (len as usize).div_ceil(ps.max(1));
+            for (j, &page) in table[b * self.max_pages..][..used].iter().enumerate() {
+                if page < 0 || page as usize >= pages {
+                    return Err(invalid(format!(
+                        "page_table[{b}][{j}] is {page}; sequence {b} reads it ({len} keys) and the caches have {pages} pages"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An i32 device buffer as a flat operand.
+fn i32_operand(buf: &CudaSlice<i32>, stream: &cudarc::driver::CudaStream) -> OperandArg {
+    let (ptr, _sync) = buf.device_ptr(stream);
+    OperandArg::flat(ptr, buf.len(), ElemType::I32, tensor::ctx_id(buf.context()))
+}
 
 impl Runtime {
     /// Whether [`Runtime::forward_spec`] runs `spec` at `shape` through the split-KV pass: the
@@ -49,6 +126,91 @@ impl Runtime {
         self.load_kind((KernelKind::SplitKv, false), spec, Some(cfg), || {
             plan_splitkv(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e))
         })
+    }
+
+    /// Loads (memoised) the split-KV kernel of `spec` over a paged KV cache.
+    pub fn load_paged(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let cfg = config.unwrap_or_else(|| default_splitkv_config(spec));
+        self.require_family(&cfg)?;
+        self.load_kind((KernelKind::SplitKvPaged, false), spec, Some(cfg), || {
+            plan_splitkv_paged(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e))
+        })
+    }
+
+    /// Attention of Q (`[batch, seq_q, heads_q, d]`) against a paged KV cache, through the
+    /// split-KV kernel of [`Runtime::load_paged`]: O and the LSE as [`Runtime::forward`] writes
+    /// them, masks and scores seeing each sequence's cached length as `seq_k` (a causal mask is
+    /// aligned to it: the last query sees the last cached key). Splits are chosen for the
+    /// cache's capacity unless given. Returns the split count used.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_paged(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        kv: &PagedKv<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+    ) -> Result<usize, FlashError> {
+        let (launch, n) = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
+        self.launch_checked(&launch)?;
+        Ok(n)
+    }
+
+    /// [`Runtime::time_split_kv`] for [`Runtime::forward_paged`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_paged(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        kv: &PagedKv<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+        (warmup, iters, flush_l2): (usize, usize, bool),
+    ) -> Result<(f32, usize), FlashError> {
+        let (launch, n) = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
+        let mut flush = self.flush_buffer(flush_l2)?;
+        Ok((
+            self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?,
+            n,
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_paged<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        q: &TensorRef<'_>,
+        kv: &PagedKv<'_>,
+        o: &TensorMut<'_>,
+        lse: &LseMut<'_>,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+    ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
+        let [batch, seq_q, heads_q, _] = q.desc.shape;
+        kv.check_host(batch)?;
+        let shape = ProblemShape {
+            batch,
+            seq_q,
+            seq_k: kv.capacity(),
+            heads_q,
+            heads_kv: kv.k.desc.shape[2],
+        };
+        let mut ops = forward_operands(q, &kv.k, &kv.v, o, lse).to_vec();
+        ops.push(i32_operand(kv.page_table, self.stream()));
+        ops.push(i32_operand(kv.seqlens_k, self.stream()));
+        let preset = [
+            (Extent::MaxPages, kv.max_pages),
+            (Extent::SeqK, kv.capacity()),
+        ];
+        self.prepare_splits(kernel, ops, shape, params, splits, &preset)
     }
 
     /// The split count [`Runtime::forward_split_kv`] uses for `shape` with `kernel`, by
@@ -111,7 +273,21 @@ impl Runtime {
         params: &[ParamArg<'_>],
         splits: Option<usize>,
     ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
-        let shape = ProblemShape::of(q, k);
+        let ops = forward_operands(q, k, v, o, lse).to_vec();
+        self.prepare_splits(kernel, ops, ProblemShape::of(q, k), params, splits, &[])
+    }
+
+    /// The split count, the workspaces and the checked launch of a split-KV kernel, after its
+    /// attention operands `ops` (dense or paged).
+    fn prepare_splits<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        mut ops: Vec<OperandArg>,
+        shape: ProblemShape,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+        preset: &[(Extent, usize)],
+    ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
         let n = match splits {
             Some(s) if s == 0 || s > MAX_SPLITS => {
                 return Err(invalid(format!(
@@ -133,13 +309,13 @@ impl Runtime {
         let part = |off: usize, len: usize| {
             OperandArg::flat(base + 4 * off as u64, len, ElemType::F32, me)
         };
-        let mut ops = forward_operands(q, k, v, o, lse).to_vec();
         ops.push(part(0, o_len));
         ops.push(part(o_len, l_len));
         ops.push(OperandArg::flat(sem, rows, ElemType::I32, me));
         // One split binds `splits` to 0: the partial workspaces are then empty (the kernel
         // writes O and the LSE itself), so nothing is allocated or checked for them.
-        let preset = [(Extent::Splits, if n > 1 { n } else { 0 })];
+        let mut preset = preset.to_vec();
+        preset.push((Extent::Splits, if n > 1 { n } else { 0 }));
         let launch = self.prepare_with(kernel, &ops, params, &[], &preset)?;
         Ok((launch, n))
     }
@@ -191,18 +367,21 @@ impl Runtime {
         (warmup, iters, flush_l2): (usize, usize, bool),
     ) -> Result<(f32, usize), FlashError> {
         let (launch, n) = self.prepare_split_kv(kernel, q, k, v, o, lse, params, splits)?;
-        let mut flush = if flush_l2 {
-            Some(
-                self.stream()
-                    .alloc_zeros::<u8>(256 << 20)
-                    .map_err(|e| driver("allocating the L2 flush buffer", e))?,
-            )
-        } else {
-            None
-        };
+        let mut flush = self.flush_buffer(flush_l2)?;
         Ok((
             self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?,
             n,
         ))
+    }
+
+    /// A 256 MiB buffer whose zeroing evicts the L2 cache (timings that read each byte once).
+    fn flush_buffer(&self, on: bool) -> Result<Option<CudaSlice<u8>>, FlashError> {
+        if !on {
+            return Ok(None);
+        }
+        self.stream()
+            .alloc_zeros::<u8>(256 << 20)
+            .map(Some)
+            .map_err(|e| driver("allocating the L2 flush buffer", e))
     }
 }

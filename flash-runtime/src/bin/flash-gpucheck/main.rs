@@ -5,7 +5,9 @@
 //! ```
 //!
 //! **Decode** (with the forward's timings, or `--decode-only` with a sweep of tiles):
-//! `bench/peers.py --decode`'s workloads through the split-KV pass, GB/s. See `decode.rs`.
+//! `bench/peers.py --decode`'s workloads through the split-KV pass, GB/s, contiguous and from a
+//! paged cache (pages of 64 in shuffled order). With the forward's check, the paged KV check
+//! (every variant, cached lengths 0…4097 in pages of 16, 24 and 64). See `decode.rs`.
 //!
 //! **Block maps** (`--maps`, or `--maps-only` for nothing else): the maps the GPU builds for
 //! masks that read tensors, word for word against the host's brute-force classification, over
@@ -154,7 +156,7 @@ fn main() -> ExitCode {
     let mut do_drop = false;
     let mut do_maps = false;
     // Decode timing runs with the forward's timings; `--decode-only` runs it alone, with a sweep
-    // of split-KV tiles.
+    // of split-KV tiles, after the paged KV check.
     let mut decode_only = false;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
@@ -226,6 +228,11 @@ fn main() -> ExitCode {
         }
     };
     let mut failed = false;
+    if decode_only {
+        let (n, fails) = decode::check_paged(&rt, &specs);
+        println!("# paged KV: {} passed, {fails} failed of {n}", n - fails);
+        failed |= fails > 0;
+    }
     if do_check && do_fwd {
         let families: Vec<KernelFamily> =
             [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
@@ -234,6 +241,9 @@ fn main() -> ExitCode {
                 .collect();
         let (n, fails) = check(&rt, &specs, small, &families);
         println!("# correctness: {} passed, {fails} failed of {n}", n - fails);
+        failed |= fails > 0;
+        let (n, fails) = decode::check_paged(&rt, &specs);
+        println!("# paged KV: {} passed, {fails} failed of {n}", n - fails);
         failed |= fails > 0;
     }
     if do_bwd && do_check {
