@@ -1,6 +1,7 @@
 //! Everything flash generates for one variant on one kernel family, as data: the plans and the
-//! CUDA of the forward pass, the backward pass and the block-map builders a data-dependent mask
-//! needs — the kernels the runtime launches by default, before any autotuning.
+//! CUDA of the forward pass, the backward pass, the block-map builders a data-dependent mask
+//! needs and the split-KV kernels of inference (contiguous and paged KV) — the kernels the
+//! runtime launches by default, before any autotuning.
 //!
 //! This is what a user snapshots to see, in review, when a flash upgrade or a change to a
 //! declaration alters a kernel. [`Generated::summary`] is a short text of the plans (kernel
@@ -19,9 +20,20 @@
 //! .unwrap()
 //! .remove(0);
 //! let g = generate(&spec, KernelFamily::Sm90Ws).unwrap();
-//! // The forward kernel, then the backward's pre-processing, main and dQ conversion kernels.
+//! // The forward kernel, the backward's pre-processing, main and dQ conversion kernels, then the
+//! // split-KV kernels (contiguous and paged KV).
 //! let names: Vec<&str> = g.kernels().map(|k| k.snapshot_name.as_str()).collect();
-//! assert_eq!(names, ["local_sm90ws_fwd", "local_sm90ws_bwdpre", "local_sm90ws_bwd", "local_sm90ws_bwddq"]);
+//! assert_eq!(
+//!     names,
+//!     [
+//!         "local_sm90ws_fwd",
+//!         "local_sm90ws_bwdpre",
+//!         "local_sm90ws_bwd",
+//!         "local_sm90ws_bwddq",
+//!         "local_sm90ws_skv",
+//!         "local_sm90ws_skvp",
+//!     ]
+//! );
 //! assert!(g.summary().contains("d score / d s = 1.0"));
 //! // Generation is deterministic.
 //! assert_eq!(g, generate(&spec, KernelFamily::Sm90Ws).unwrap());
@@ -31,6 +43,7 @@ use std::fmt::Write as _;
 
 use crate::deriv::{display, score_gradient};
 use crate::emit::{emit, CudaSource};
+use crate::plan::splitkv::{default_splitkv_config, plan_splitkv, plan_splitkv_paged};
 use crate::plan::{
     backward_pipeline, default_backward_config_for, default_config_for, plan, plan_block_map,
     KernelFamily, KernelPlan, PlanError,
@@ -51,6 +64,9 @@ pub struct Generated {
     /// The backward pass (block-map builder when needed, pre-processing, main, dQ conversion),
     /// or why this variant has none (e.g. head dims above the backward kernels' limit).
     pub backward: Result<Vec<GeneratedKernel>, PlanError>,
+    /// The split-KV kernels (decode-sized launches, contiguous then paged KV; any GPU from
+    /// sm_80, whatever the family), or why this variant has none (dropout, a sparsity layout).
+    pub inference: Result<Vec<GeneratedKernel>, PlanError>,
 }
 
 /// One generated kernel: its plan and its CUDA.
@@ -84,11 +100,20 @@ pub fn generate(spec: &VariantSpec, family: KernelFamily) -> Result<Generated, P
             }
             Ok(out)
         });
+    let cfg = default_splitkv_config(spec);
+    let inference = plan_splitkv(spec, cfg).and_then(|dense| {
+        let paged = plan_splitkv_paged(spec, cfg)?;
+        Ok(vec![
+            kernel(spec, family, dense),
+            kernel(spec, family, paged),
+        ])
+    });
     Ok(Generated {
         variant: spec.name.clone(),
         family,
         forward,
         backward,
+        inference,
     })
 }
 
@@ -139,13 +164,18 @@ fn snake_case(name: &str) -> String {
 }
 
 impl Generated {
-    /// Every kernel: the forward's, then the backward's (none if it has no backward).
+    /// Every kernel: the forward's, then the backward's and the split-KV ones (those a variant
+    /// has).
     pub fn kernels(&self) -> impl Iterator<Item = &GeneratedKernel> {
         let bwd: &[GeneratedKernel] = match &self.backward {
             Ok(k) => k,
             Err(_) => &[],
         };
-        self.forward.iter().chain(bwd)
+        let inf: &[GeneratedKernel] = match &self.inference {
+            Ok(k) => k,
+            Err(_) => &[],
+        };
+        self.forward.iter().chain(bwd).chain(inf)
     }
 
     /// A short, stable text of what was planned: per kernel its entry point, tile
@@ -165,6 +195,12 @@ impl Generated {
             Ok(ks) => ks.iter().for_each(|k| summarise(&mut s, "backward", k)),
             Err(e) => {
                 let _ = writeln!(s, "backward: not available: {e}");
+            }
+        }
+        match &self.inference {
+            Ok(ks) => ks.iter().for_each(|k| summarise(&mut s, "inference", k)),
+            Err(e) => {
+                let _ = writeln!(s, "inference: not available: {e}");
             }
         }
         if let Some(k) = self.forward.last() {
@@ -286,10 +322,23 @@ mod tests {
                 "doc_sm90ws_bwdpre",
                 "doc_sm90ws_bmapk",
                 "doc_sm90ws_bwd",
-                "doc_sm90ws_bwddq"
+                "doc_sm90ws_bwddq",
+                "doc_sm90ws_skv",
+                "doc_sm90ws_skvp"
             ]
         );
         assert!(g.summary().contains("reads a block map"));
+    }
+
+    #[test]
+    fn no_split_kv_is_recorded_not_fatal() {
+        let s = spec("Drop { head_dim: 64, dtype: bf16, mask: causal, dropout: 0.1 }");
+        let g = generate(&s, KernelFamily::Sm80).unwrap();
+        assert!(g.inference.is_err());
+        assert!(g
+            .summary()
+            .contains("inference: not available: no split-KV kernel: dropout"));
+        assert!(g.kernels().all(|k| !k.snapshot_name.ends_with("_skv")));
     }
 
     #[test]

@@ -469,3 +469,58 @@ fn plan_json_is_one_object_per_line() {
     assert_eq!(names, ["A", "B"], "{out}");
     assert!(!out.contains('\u{1b}') && !err.contains('\u{1b}'));
 }
+
+/// The paged-cache flags are checked before the GPU: the table and the lengths come together,
+/// with the batch's shapes, and not with the backward pass.
+#[test]
+fn run_paged_flags_are_checked_before_the_gpu() {
+    use flash_runtime::npy::{NpyArray, NpyData};
+    let dir = run_inputs();
+    let d = dir.path();
+    let causal = examples().join("causal.flash");
+    let ints = |shape: Vec<usize>, name: &str| {
+        let n = shape.iter().product();
+        NpyArray::new(shape, NpyData::I32(vec![0; n]))
+            .unwrap()
+            .write(&d.join(name))
+            .unwrap();
+    };
+    ints(vec![1, 4], "table.npy");
+    ints(vec![2, 4], "table_b2.npy");
+    ints(vec![1], "lens.npy");
+    ints(vec![3], "lens3.npy");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--page-table", "table.npy"], "--seqlens-k <SEQLENS_K>"),
+        (
+            &["--page-table", "table_b2.npy", "--seqlens-k", "lens.npy"],
+            "--page-table must be [batch, max_pages] with batch 1; got shape [2, 4]",
+        ),
+        (
+            &["--page-table", "table.npy", "--seqlens-k", "lens3.npy"],
+            "--seqlens-k must be [batch] = [1]; got shape [3]",
+        ),
+        (
+            &[
+                "--page-table",
+                "table.npy",
+                "--seqlens-k",
+                "lens.npy",
+                "--do",
+                "do.npy",
+                "--dq",
+                "dq.npy",
+            ],
+            "--page-table is for inference",
+        ),
+    ];
+    for (extra, want) in cases {
+        let (code, err) = run_in(d, &causal, extra);
+        assert_ne!(code, Some(0), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("o.npy").exists(), "nothing ran");
+}

@@ -73,7 +73,7 @@ pub enum Command {
     /// Show which NVRTC and driver libraries were found, and the GPUs.
     Info,
     /// Run one forward pass on `.npy` inputs on the GPU.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Autotune the tile configuration for a shape on the GPU and remember the winner.
     Tune(TuneArgs),
 }

@@ -6,7 +6,14 @@
 //!           [--name V] [--head-dim D] [--dtype bf16|f16] [--tile ...] [--gpu N]
 //!           --out o.npy [--lse lse.npy] [--out-dtype same|f32]
 //!           [--do dO.npy [--dq dq.npy] [--dk dk.npy] [--dv dv.npy] [--dparam NAME=FILE.npy ...]]
+//!           [--splits N] [--page-table table.npy --seqlens-k lens.npy]
 //! ```
+//!
+//! Decode-sized launches (at most 64 query rows per KV head) take the split-KV kernel with the
+//! runtime's split count, as `Runtime::forward_spec` does, unless `--tile` forces a forward tile;
+//! `--splits N` forces the split-KV kernel with N splits. With `--page-table` (`[batch,
+//! max_pages]` integers) and `--seqlens-k` (`[batch]` cached lengths), `--k` and `--v` are paged
+//! caches `[pages, page_size, heads_kv, d]`; the table and lengths are checked before the launch.
 //!
 //! Q is `[batch, seq_q, heads_q, d]`, K and V `[batch, seq_k, heads_kv, d]` (see `npy` for the
 //! element types read; anything but the variant's own 16-bit type is rounded to it). Tensor
@@ -98,9 +105,49 @@ pub struct RunArgs {
     /// compares it with the masks the kernels apply, bit for bit).
     #[arg(long, value_name = "MASK.npy")]
     pub dropout_mask: Option<PathBuf>,
+    /// Run the split-KV kernel with this many key splits (1 to 256). Without it, decode-sized
+    /// launches take the split-KV kernel with the runtime's split count.
+    #[arg(long)]
+    pub splits: Option<usize>,
+    /// A paged KV cache: the `[batch, max_pages]` page table (integers); `--k` and `--v` are then
+    /// `[pages, page_size, heads_kv, d]` caches.
+    #[arg(long, requires = "seqlens_k")]
+    pub page_table: Option<PathBuf>,
+    /// The cached keys of each sequence, `[batch]` (integers; with --page-table).
+    #[arg(long, requires = "page_table")]
+    pub seqlens_k: Option<PathBuf>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+}
+
+/// `--page-table` and `--seqlens-k` as read: (table, max_pages, lengths).
+type PagedInputs = (Vec<i32>, usize, Vec<i32>);
+
+/// `--page-table` and `--seqlens-k`, read and shape-checked.
+fn read_paged(a: &RunArgs, batch: usize) -> Result<Option<PagedInputs>, FlashError> {
+    let (Some(tp), Some(lp)) = (&a.page_table, &a.seqlens_k) else {
+        return Ok(None);
+    };
+    if a.d_o.is_some() {
+        return Err(invalid(
+            "--page-table is for inference: the backward pass (--do) reads contiguous K and V",
+        ));
+    }
+    let (t, l) = (NpyArray::read(tp)?, NpyArray::read(lp)?);
+    if t.shape.len() != 2 || t.shape[0] != batch {
+        return Err(invalid(format!(
+            "--page-table must be [batch, max_pages] with batch {batch}; got shape {:?}",
+            t.shape
+        )));
+    }
+    if l.shape != [batch] {
+        return Err(invalid(format!(
+            "--seqlens-k must be [batch] = [{batch}]; got shape {:?}",
+            l.shape
+        )));
+    }
+    Ok(Some((t.data.to_i32()?, t.shape[1], l.data.to_i32()?)))
 }
 
 /// The dropout generator state of the launch: `--seed`/`--offset` (0 when left out) for a
@@ -164,11 +211,13 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     let (qs, ks, vs) = (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?);
     let given = read_params(&a.params, &spec)?;
     let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
+    let paged = read_paged(a, qs[0])?;
     let sizes = Sizes {
         batch: qs[0],
         heads: qs[2],
         seq_q: qs[1],
-        seq_k: ks[1],
+        // A paged cache: `seq` params span its capacity (max_pages · page_size).
+        seq_k: paged.as_ref().map_or(ks[1], |(_, mp, _)| mp * ks[1]),
     };
     let bwd = read_backward(a, &spec, o_shape, sizes)?;
     let rng = dropout_rng(a, &spec)?;
@@ -176,7 +225,23 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     let rt = Runtime::new(a.gpu)?;
     let family = rt.info().default_family;
     let plan = a.variant.plan(&spec, family)?;
-    let kernel = rt.load(&spec, Some(plan.config))?;
+    let shape = crate::launch::ProblemShape {
+        batch: qs[0],
+        seq_q: qs[1],
+        seq_k: ks[1],
+        heads_q: qs[2],
+        heads_kv: ks[2],
+    };
+    let split_kv = paged.is_some()
+        || a.splits.is_some()
+        || (a.variant.tile.is_none() && rt.takes_split_kv(&spec, shape));
+    let kernel = if paged.is_some() {
+        rt.load_paged(&spec, None)?
+    } else if split_kv {
+        rt.load_split_kv(&spec, None)?
+    } else {
+        rt.load(&spec, Some(plan.config))?
+    };
     let stream = rt.stream().clone();
     let up = |x: &NpyArray| -> Result<_, FlashError> {
         let bits = x.data.to_half_bits(spec.dtype);
@@ -207,7 +272,27 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         );
         let mut to = TensorMut::new(&mut o, o_shape, &stream);
         let mut tl = LseMut::new(&mut lse, &stream);
-        rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
+        if let Some((table, max_pages, lens)) = &paged {
+            let dt = stream
+                .clone_htod(table)
+                .map_err(drv("copying the page table"))?;
+            let dl = stream
+                .clone_htod(lens)
+                .map_err(drv("copying the cached lengths"))?;
+            let kv = crate::launch::PagedKv {
+                k: tk,
+                v: tv,
+                page_table: &dt,
+                max_pages: *max_pages,
+                seqlens_k: &dl,
+                host: Some((table, lens)),
+            };
+            rt.forward_paged(&kernel, &tq, &kv, &mut to, &mut tl, &args, a.splits)?;
+        } else if split_kv {
+            rt.forward_split_kv(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args, a.splits)?;
+        } else {
+            rt.forward(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args)?;
+        }
     }
     rt.synchronize()?;
     let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;

@@ -162,6 +162,23 @@ impl Runtime {
         Ok(n)
     }
 
+    /// [`Runtime::forward_paged`] for an `attention!`-declared variant (the spec parsed once,
+    /// the params from `V::param_args`).
+    pub fn forward_paged_variant<V: crate::variant::Variant>(
+        &self,
+        q: &TensorRef<'_>,
+        kv: &PagedKv<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &V::Params<'_>,
+        splits: Option<usize>,
+    ) -> Result<usize, FlashError> {
+        let spec = self.variant_spec::<V>()?;
+        let args = V::param_args(params, self.stream());
+        let kernel = self.load_paged(&spec, None)?;
+        self.forward_paged(&kernel, q, kv, o, lse, &args, splits)
+    }
+
     /// [`Runtime::time_split_kv`] for [`Runtime::forward_paged`].
     #[allow(clippy::too_many_arguments)]
     pub fn time_paged(

@@ -1,10 +1,11 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only | --decode-sweep] [--json OUT.json]
 //! ```
 //!
-//! **Decode** (with the forward's timings, or `--decode-only` with a sweep of tiles):
+//! **Decode** (with the forward's timings, or alone with `--decode-only`, or `--decode-sweep`
+//! for a sweep of tiles too):
 //! `bench/peers.py --decode`'s workloads through the split-KV pass, GB/s, contiguous and from a
 //! paged cache (pages of 64 in shuffled order). With the forward's check, the paged KV check
 //! (every variant, cached lengths 0…4097 in pages of 16, 24 and 64). See `decode.rs`.
@@ -155,9 +156,10 @@ fn main() -> ExitCode {
     let mut do_fwd = true;
     let mut do_drop = false;
     let mut do_maps = false;
-    // Decode timing runs with the forward's timings; `--decode-only` runs it alone, with a sweep
-    // of split-KV tiles, after the paged KV check.
+    // Decode timing runs with the forward's timings; `--decode-only` runs it alone after the
+    // paged KV check, `--decode-sweep` too with a sweep of split-KV tiles.
     let mut decode_only = false;
+    let mut decode_sweep = false;
     let mut json_out: Option<PathBuf> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -179,7 +181,8 @@ fn main() -> ExitCode {
                 do_fwd = false;
                 do_bwd = false;
             }
-            "--decode-only" => {
+            "--decode-only" | "--decode-sweep" => {
+                decode_sweep = a == "--decode-sweep";
                 decode_only = true;
                 do_check = false;
                 do_fwd = false;
@@ -193,7 +196,7 @@ fn main() -> ExitCode {
             }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only | --decode-sweep] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -351,7 +354,7 @@ fn main() -> ExitCode {
             }
         }
         if do_fwd || decode_only {
-            if let Err(e) = decode::timing_decode(&rt, &specs, &mut rows, decode_only) {
+            if let Err(e) = decode::timing_decode(&rt, &specs, &mut rows, decode_sweep) {
                 println!("# decode timing failed: {e}");
                 failed = true;
             }
