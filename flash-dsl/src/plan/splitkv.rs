@@ -6,9 +6,13 @@
 //! tile (row `r` is query `r / G` of head `kvh·G + r % G`, `G = heads_q / heads_kv`), so each K/V
 //! tile is read once for the whole group, and cuts the key range of each (batch, KV head, row
 //! tile) into `splits` pieces that run as separate blocks. Each split writes its normalised
-//! partial output and log-sum-exp (fp32); [`KernelKind::Combine`] merges them exactly:
-//! `LSE = log Σ_s e^{LSE_s}`, `O = Σ_s e^{LSE_s − LSE} O_s`. With one split the attention kernel
-//! writes O and the LSE itself and no combine runs.
+//! partial output and log-sum-exp (fp32) and counts itself on an arrival counter of its row
+//! tile; the last to arrive merges them exactly, `LSE = log Σ_s e^{LSE_s}`,
+//! `O = Σ_s e^{LSE_s − LSE} O_s`, and resets the counter for the next launch. One launch and no
+//! combine kernel: measured on an H200, a second kernel and its wait cost a 25 µs decode step
+//! 15–28 % of its time. With one split the kernel writes O and the LSE directly.
+//!
+//! [`plan_splitkv_paged`] is the same kernel over a paged KV cache.
 //!
 //! Inside a block every warp streams its own key tiles (warp `w` takes tiles `w`, `w + warps`,
 //! … of the split) through a private `cp.async` pipeline of `stages` buffers: decode is bound by
