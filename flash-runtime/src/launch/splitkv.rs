@@ -190,14 +190,10 @@ impl Runtime {
         lse: &mut LseMut<'_>,
         params: &[ParamArg<'_>],
         splits: Option<usize>,
-        (warmup, iters, flush_l2): (usize, usize, bool),
+        timing: (usize, usize, bool),
     ) -> Result<(f32, usize), FlashError> {
-        let (launch, n) = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
-        let mut flush = self.flush_buffer(flush_l2)?;
-        Ok((
-            self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?,
-            n,
-        ))
+        let prepared = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
+        self.time_prepared(prepared, timing)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -366,10 +362,11 @@ impl Runtime {
         Ok((pp, cp))
     }
 
-    /// Median milliseconds of one split-KV pass, timed like [`Runtime::time_forward`], with the L2 cache flushed (a 256 MiB memset)
-    /// before every timed round when `flush_l2`: decode reads each byte of K and V once, so a
-    /// cache warmed by the previous round would time a workload no model runs. Returns it with
-    /// the split count.
+    /// Median milliseconds of one split-KV pass, timed like [`Runtime::time_forward`];
+    /// `timing` is `(warmup, iters, flush_l2)`, the L2 cache flushed (a 256 MiB memset) before
+    /// every timed round when `flush_l2`: decode reads each byte of K and V once, so a cache
+    /// warmed by the previous round would time a workload no model runs. Returns it with the
+    /// split count.
     #[allow(clippy::too_many_arguments)]
     pub fn time_split_kv(
         &self,
@@ -381,14 +378,22 @@ impl Runtime {
         lse: &mut LseMut<'_>,
         params: &[ParamArg<'_>],
         splits: Option<usize>,
+        timing: (usize, usize, bool),
+    ) -> Result<(f32, usize), FlashError> {
+        let prepared = self.prepare_split_kv(kernel, q, k, v, o, lse, params, splits)?;
+        self.time_prepared(prepared, timing)
+    }
+
+    /// Times a prepared split-KV launch (see [`Runtime::time_split_kv`]).
+    fn time_prepared(
+        &self,
+        (launch, n): (PreparedLaunch<'_>, usize),
         (warmup, iters, flush_l2): (usize, usize, bool),
     ) -> Result<(f32, usize), FlashError> {
-        let (launch, n) = self.prepare_split_kv(kernel, q, k, v, o, lse, params, splits)?;
         let mut flush = self.flush_buffer(flush_l2)?;
-        Ok((
-            self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?,
-            n,
-        ))
+        let ms =
+            self.time_launches(std::slice::from_ref(&launch), warmup, iters, flush.as_mut())?;
+        Ok((ms, n))
     }
 
     /// A 256 MiB buffer whose zeroing evicts the L2 cache (timings that read each byte once).
