@@ -1,7 +1,8 @@
 //! Everything flash generates for one variant on one kernel family, as data: the plans and the
 //! CUDA of the forward pass, the backward pass, the block-map builders a data-dependent mask
-//! needs and the split-KV kernels of inference (contiguous and paged KV) — the kernels the
-//! runtime launches by default, before any autotuning.
+//! needs, the split-KV kernels of inference (contiguous KV, paged KV, paged KV with packed
+//! queries) and the packed (variable-length) forward kernel — the kernels the runtime launches by
+//! default, before any autotuning.
 //!
 //! This is what a user snapshots to see, in review, when a flash upgrade or a change to a
 //! declaration alters a kernel. [`Generated::summary`] is a short text of the plans (kernel
@@ -20,8 +21,9 @@
 //! .unwrap()
 //! .remove(0);
 //! let g = generate(&spec, KernelFamily::Sm90Ws).unwrap();
-//! // The forward kernel, the backward's pre-processing, main and dQ conversion kernels, then the
-//! // split-KV kernels (contiguous and paged KV).
+//! // The forward kernel, the backward's pre-processing, main and dQ conversion kernels, the
+//! // split-KV kernels (contiguous KV, paged KV, paged KV with packed queries), then the packed
+//! // (variable-length) forward.
 //! let names: Vec<&str> = g.kernels().map(|k| k.snapshot_name.as_str()).collect();
 //! assert_eq!(
 //!     names,
@@ -32,6 +34,8 @@
 //!         "local_sm90ws_bwddq",
 //!         "local_sm90ws_skv",
 //!         "local_sm90ws_skvp",
+//!         "local_sm90ws_skvpv",
+//!         "local_sm90ws_fwdv",
 //!     ]
 //! );
 //! assert!(g.summary().contains("d score / d s = 1.0"));
@@ -43,7 +47,10 @@ use std::fmt::Write as _;
 
 use crate::deriv::{display, score_gradient};
 use crate::emit::{emit, CudaSource};
-use crate::plan::splitkv::{default_splitkv_config, plan_splitkv, plan_splitkv_paged};
+use crate::plan::splitkv::{
+    default_splitkv_config, plan_splitkv, plan_splitkv_paged, plan_splitkv_paged_varlen,
+};
+use crate::plan::varlen::plan_varlen;
 use crate::plan::{
     backward_pipeline, default_backward_config_for, default_config_for, plan, plan_block_map,
     KernelFamily, KernelPlan, PlanError,
@@ -64,9 +71,13 @@ pub struct Generated {
     /// The backward pass (block-map builder when needed, pre-processing, main, dQ conversion),
     /// or why this variant has none (e.g. head dims above the backward kernels' limit).
     pub backward: Result<Vec<GeneratedKernel>, PlanError>,
-    /// The split-KV kernels (decode-sized launches, contiguous then paged KV; any GPU from
-    /// sm_80, whatever the family), or why this variant has none (dropout, a sparsity layout).
+    /// The split-KV kernels (decode-sized launches: contiguous KV, paged KV, paged KV with packed
+    /// queries; any GPU from sm_80, whatever the family), or why this variant has none (dropout,
+    /// a sparsity layout).
     pub inference: Result<Vec<GeneratedKernel>, PlanError>,
+    /// The packed (variable-length) forward kernel on this family, or why this variant has none
+    /// (a mask that needs a block map, a sparsity layout, dropout).
+    pub varlen: Result<GeneratedKernel, PlanError>,
 }
 
 /// One generated kernel: its plan and its CUDA.
@@ -103,17 +114,22 @@ pub fn generate(spec: &VariantSpec, family: KernelFamily) -> Result<Generated, P
     let cfg = default_splitkv_config(spec);
     let inference = plan_splitkv(spec, cfg).and_then(|dense| {
         let paged = plan_splitkv_paged(spec, cfg)?;
+        let chunked = plan_splitkv_paged_varlen(spec, cfg)?;
         Ok(vec![
             kernel(spec, family, dense),
             kernel(spec, family, paged),
+            kernel(spec, family, chunked),
         ])
     });
+    let varlen =
+        plan_varlen(spec, default_config_for(spec, family)).map(|p| kernel(spec, family, p));
     Ok(Generated {
         variant: spec.name.clone(),
         family,
         forward,
         backward,
         inference,
+        varlen,
     })
 }
 
@@ -175,7 +191,11 @@ impl Generated {
             Ok(k) => k,
             Err(_) => &[],
         };
-        self.forward.iter().chain(bwd).chain(inf)
+        self.forward
+            .iter()
+            .chain(bwd)
+            .chain(inf)
+            .chain(self.varlen.as_ref().ok())
     }
 
     /// A short, stable text of what was planned: per kernel its entry point, tile
@@ -201,6 +221,12 @@ impl Generated {
             Ok(ks) => ks.iter().for_each(|k| summarise(&mut s, "inference", k)),
             Err(e) => {
                 let _ = writeln!(s, "inference: not available: {e}");
+            }
+        }
+        match &self.varlen {
+            Ok(k) => summarise(&mut s, "packed", k),
+            Err(e) => {
+                let _ = writeln!(s, "packed: not available: {e}");
             }
         }
         if let Some(k) = self.forward.last() {
@@ -324,10 +350,18 @@ mod tests {
                 "doc_sm90ws_bwd",
                 "doc_sm90ws_bwddq",
                 "doc_sm90ws_skv",
-                "doc_sm90ws_skvp"
+                "doc_sm90ws_skvp",
+                "doc_sm90ws_skvpv"
             ]
         );
         assert!(g.summary().contains("reads a block map"));
+        // A tensor-reading mask has no packed kernel; the summary says why.
+        assert!(g.varlen.is_err());
+        assert!(
+            g.summary().contains("packed: not available"),
+            "{}",
+            g.summary()
+        );
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub mod dropout;
 pub mod emit;
 pub mod eval;
 pub mod files;
+pub mod fp8;
 pub mod generated;
 pub mod model;
 pub mod parse;

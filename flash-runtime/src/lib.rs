@@ -87,5 +87,8 @@ pub use compile::{compile, nvrtc_version, CompileOptions, CompiledKernel, Resour
 pub use cudarc;
 pub use error::FlashError;
 pub use flash_dsl;
-pub use launch::{BlockMap, LseMut, PagedKv, ProblemShape, Runtime, TensorMut, TensorRef};
+pub use launch::{
+    BlockMap, LseMut, PackedQueries, PagedKv, ProblemShape, Runtime, TensorMut, TensorRef,
+    VarlenBatch,
+};
 pub use variant::{ParamArg, Variant};

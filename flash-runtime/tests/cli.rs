@@ -473,6 +473,91 @@ fn plan_json_is_one_object_per_line() {
 /// The paged-cache flags are checked before the GPU: the table and the lengths come together,
 /// with the batch's shapes, and not with the backward pass.
 #[test]
+fn run_packed_flags_are_checked_before_the_gpu() {
+    use flash_runtime::npy::{NpyArray, NpyData};
+    let dir = run_inputs();
+    let d = dir.path();
+    let causal = examples().join("causal.flash");
+    let ints = |shape: Vec<usize>, v: Vec<i32>, name: &str| {
+        NpyArray::new(shape, NpyData::I32(v))
+            .unwrap()
+            .write(&d.join(name))
+            .unwrap();
+    };
+    // q.npy, k.npy, v.npy are [1, 8, 2, 128]: 8 packed tokens.
+    ints(vec![3], vec![0, 3, 8], "cu.npy");
+    ints(vec![2], vec![0, 8], "cu2.npy");
+    ints(vec![3], vec![0, 5, 4], "cu_down.npy");
+    ints(vec![3], vec![0, 3, 7], "cu_short.npy");
+    ints(vec![1, 3], vec![0, 3, 8], "cu_2d.npy");
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &[
+                "--cu-seqlens-k",
+                "cu.npy",
+                "--cu-seqlens-q",
+                "cu.npy",
+                "--page-table",
+                "cu.npy",
+            ],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "--cu-seqlens-q",
+                "cu.npy",
+                "--cu-seqlens-k",
+                "cu.npy",
+                "--splits",
+                "2",
+            ],
+            "--splits does not apply to a packed batch",
+        ),
+        (
+            &["--cu-seqlens-q", "cu.npy"],
+            "--cu-seqlens-q needs --cu-seqlens-k (packed K and V) or --page-table",
+        ),
+        (
+            &["--cu-seqlens-q", "cu_down.npy", "--cu-seqlens-k", "cu.npy"],
+            "--cu-seqlens-q[2] is 4 but --cu-seqlens-q[1] is 5; the offsets must not decrease",
+        ),
+        (
+            &["--cu-seqlens-q", "cu.npy", "--cu-seqlens-k", "cu_short.npy"],
+            "--cu-seqlens-k[2] is 7; it must equal the packed tensors' 8 tokens",
+        ),
+        (
+            &["--cu-seqlens-q", "cu.npy", "--cu-seqlens-k", "cu2.npy"],
+            "--cu-seqlens-q has 3 entries and --cu-seqlens-k 2",
+        ),
+        (
+            &["--cu-seqlens-q", "cu_2d.npy", "--cu-seqlens-k", "cu.npy"],
+            "--cu-seqlens-q must be 1-d, [batch + 1]; got shape [1, 3]",
+        ),
+        (
+            &[
+                "--cu-seqlens-q",
+                "cu.npy",
+                "--cu-seqlens-k",
+                "cu.npy",
+                "--do",
+                "do.npy",
+            ],
+            "--do does not apply to a packed batch",
+        ),
+    ];
+    for (extra, want) in cases {
+        let (code, err) = run_in(d, &causal, extra);
+        assert_ne!(code, Some(0), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("o.npy").exists(), "nothing ran");
+}
+
+#[test]
 fn run_paged_flags_are_checked_before_the_gpu() {
     use flash_runtime::npy::{NpyArray, NpyData};
     let dir = run_inputs();

@@ -125,15 +125,16 @@ fn block_map_builders_compile() {
     }
 }
 
-/// The split-KV kernels (contiguous and paged KV) of every example variant that has them, at head
-/// dims 64, 128 and 256 (bf16 and f16), compiled for sm_80 and sm_90a, without spills up to head
-/// dim 128 (at 256 the fp32 output accumulator alone takes 128 of the 255 registers and a few
+/// The split-KV kernels (contiguous KV, paged KV, paged KV with packed queries) of every example
+/// variant that has them, at head dims 64, 128 and 256 (bf16 and f16), compiled for sm_80 and
+/// sm_90a, without spills up to head dim 128 (at 256 the fp32 output accumulator alone takes 128 of the 255 registers and a few
 /// bytes may spill; printed); the variants without one (block-sparse layouts, dropout) get the
 /// planner's reason.
 #[test]
 fn split_kv_kernels_compile_without_spills() {
     use flash_dsl::plan::splitkv::{
-        default_splitkv_config, plan_splitkv, plan_splitkv_paged, splitkv_unsupported,
+        default_splitkv_config, plan_splitkv, plan_splitkv_paged, plan_splitkv_paged_varlen,
+        splitkv_unsupported,
     };
     if !common::have_nvrtc("split_kv_kernels_compile_without_spills") {
         return;
@@ -155,6 +156,7 @@ fn split_kv_kernels_compile_without_spills() {
                 for p in [
                     plan_splitkv(&s, cfg).unwrap(),
                     plan_splitkv_paged(&s, cfg).unwrap(),
+                    plan_splitkv_paged_varlen(&s, cfg).unwrap(),
                 ] {
                     for arch in ["sm_80", "sm_90a"] {
                         jobs.push((p.clone(), arch));
@@ -183,4 +185,63 @@ fn split_kv_kernels_compile_without_spills() {
         }
     }
     assert!(spilled.is_empty(), "split-KV kernels spill: {spilled:?}");
+}
+
+/// The packed (variable-length) forward kernel of every example variant that has one, at head
+/// dims 64 and 128 in bf16, on each family's default tile: sm_80 (mma.sync), sm_90a lockstep
+/// (wgmma) and sm_90a warp-specialised (TMA); none may spill. The variants without one (a mask
+/// that needs a block map, a sparsity layout, dropout) get the planner's reason.
+#[test]
+fn varlen_kernels_compile_without_spills() {
+    use flash_dsl::plan::varlen::{plan_varlen, varlen_unsupported};
+    if !common::have_nvrtc("varlen_kernels_compile_without_spills") {
+        return;
+    }
+    let mut jobs = vec![];
+    let mut without = vec![];
+    for spec in examples() {
+        if let Some(why) = varlen_unsupported(&spec) {
+            let cfg = default_config_for(&spec, KernelFamily::Sm80);
+            let e = plan_varlen(&spec, cfg).unwrap_err();
+            assert!(e.to_string().contains(why), "{}: {e}", spec.name);
+            without.push(spec.name.clone());
+            continue;
+        }
+        for d in [64, 128] {
+            let mut s = spec.clone();
+            (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, DType::Bf16);
+            for (family, arch) in [
+                (KernelFamily::Sm80, "sm_80"),
+                (KernelFamily::Sm90, "sm_90a"),
+                (KernelFamily::Sm90Ws, "sm_90a"),
+            ] {
+                jobs.push((
+                    plan_varlen(&s, default_config_for(&s, family)).unwrap(),
+                    arch,
+                ));
+            }
+        }
+    }
+    without.sort();
+    assert_eq!(
+        without,
+        ["BigBird", "Document", "Dropout"],
+        "the variants without a packed kernel"
+    );
+    let rows = common::par_map(&jobs, |(p, arch)| {
+        let k = compile(&emit(p), &CompileOptions::new(*arch))
+            .unwrap_or_else(|e| panic!("{} {arch}: {e}", p.kernel_name));
+        (p.kernel_name.clone(), *arch, p.smem_bytes(), k.resources)
+    });
+    let mut spilled = vec![];
+    for (name, arch, smem, r) in rows {
+        println!(
+            "{name:<58} {arch:<7} {:>4} regs {smem:>7} smem {:>4}/{:<4} spill",
+            r.registers, r.spill_stores, r.spill_loads
+        );
+        if r.spills() {
+            spilled.push(format!("{name} {arch}"));
+        }
+    }
+    assert!(spilled.is_empty(), "packed kernels spill: {spilled:?}");
 }

@@ -207,7 +207,9 @@ impl ExprCx<'_> {
                 } else {
                     ("k0", "k1")
                 };
-                let seq = "(i64)flash::imax(seq_q, seq_k)";
+                // The tensor's `seq` extent: the launch's (in a paged or packed launch the hooks'
+                // own `seq_q` / `seq_k` are one sequence's, shorter).
+                let seq = "(i64)flash::imax(args.seq_q, args.seq_k)";
                 let base = match lead {
                     None => "0".to_string(),
                     Some((ix, size)) => format!("(i64)flash::clampi({ix}, {size}) * {seq}"),

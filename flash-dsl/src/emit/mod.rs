@@ -51,13 +51,13 @@ pub const PARTIALS: [(&str, &str); 8] = [
 /// The skeleton of a kernel kind in a family.
 pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
     match (kind, family) {
-        (KernelKind::Forward, KernelFamily::Sm80) => {
+        (KernelKind::Forward | KernelKind::ForwardVarlen, KernelFamily::Sm80) => {
             include_str!("../../templates/forward/sm80.cu.hbs")
         }
-        (KernelKind::Forward, KernelFamily::Sm90) => {
+        (KernelKind::Forward | KernelKind::ForwardVarlen, KernelFamily::Sm90) => {
             include_str!("../../templates/forward/sm90.cu.hbs")
         }
-        (KernelKind::Forward, KernelFamily::Sm90Ws) => {
+        (KernelKind::Forward | KernelKind::ForwardVarlen, KernelFamily::Sm90Ws) => {
             include_str!("../../templates/forward/sm90ws.cu.hbs")
         }
         // The planner builds the backward main kernel for the sm80 and sm90 families
@@ -75,7 +75,7 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
             include_str!("../../templates/block_map/generic.cu.hbs")
         }
         // Plain mma.sync: any GPU from sm_80.
-        (KernelKind::SplitKv | KernelKind::SplitKvPaged, _) => {
+        (KernelKind::SplitKv | KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen, _) => {
             include_str!("../../templates/splitkv/generic.cu.hbs")
         }
     }
@@ -163,6 +163,10 @@ struct Context {
     wgmma_defs: String,
     /// K and V live in a paged cache (the split-KV kernel over pages).
     paged: bool,
+    /// Q and O are packed sequences found through `cu_seqlens_q`.
+    varlen: bool,
+    /// K and V are packed sequences found through `cu_seqlens_k`.
+    varlen_k: bool,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -365,7 +369,15 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
         map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),
         map_per_head: plan.block_map.is_some_and(|m| m.per_head),
-        paged: plan.kind == KernelKind::SplitKvPaged,
+        paged: matches!(
+            plan.kind,
+            KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen
+        ),
+        varlen: matches!(
+            plan.kind,
+            KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
+        ),
+        varlen_k: plan.kind == KernelKind::ForwardVarlen,
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

@@ -38,8 +38,9 @@ pub fn hopper_wgmmas(plan: &KernelPlan) -> Vec<Wgmma> {
         KernelKind::BlockMap
         | KernelKind::BlockMapKeys
         | KernelKind::SplitKv
-        | KernelKind::SplitKvPaged => Vec::new(),
-        KernelKind::Forward => vec![
+        | KernelKind::SplitKvPaged
+        | KernelKind::SplitKvPagedVarlen => Vec::new(),
+        KernelKind::Forward | KernelKind::ForwardVarlen => vec![
             Wgmma {
                 name: "wgmma_s",
                 n: cfg.block_n,

@@ -23,6 +23,7 @@ pub mod mask;
 pub mod operand;
 pub mod splitkv;
 pub mod tile;
+pub mod varlen;
 
 #[cfg(test)]
 mod tests;
@@ -69,18 +70,26 @@ pub enum KernelKind {
     /// [`KernelKind::SplitKv`] over a paged KV cache: K and V as `[pages, page_size, heads_kv,
     /// d]`, addressed through a page table, with a cached length per sequence.
     SplitKvPaged,
+    /// [`KernelKind::Forward`] over a packed batch of sequences of different lengths (see
+    /// [`varlen`]): the same skeletons, each sequence found through cumulative offsets.
+    ForwardVarlen,
+    /// [`KernelKind::SplitKvPaged`] with packed queries (chunked prefill): Q, O and the LSE
+    /// packed as in [`KernelKind::ForwardVarlen`], K and V in a paged cache.
+    SplitKvPagedVarlen,
 }
 
 impl KernelKind {
     /// The template folder and the long name.
     pub fn name(self) -> &'static str {
         match self {
-            KernelKind::Forward => "forward",
+            KernelKind::Forward | KernelKind::ForwardVarlen => "forward",
             KernelKind::BackwardPre => "backward_pre",
             KernelKind::BackwardMain => "backward",
             KernelKind::DqConvert => "dq_convert",
             KernelKind::BlockMap | KernelKind::BlockMapKeys => "block_map",
-            KernelKind::SplitKv | KernelKind::SplitKvPaged => "splitkv",
+            KernelKind::SplitKv | KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen => {
+                "splitkv"
+            }
         }
     }
     /// The short tag in kernel entry-point names.
@@ -94,6 +103,8 @@ impl KernelKind {
             KernelKind::BlockMapKeys => "bmapk",
             KernelKind::SplitKv => "skv",
             KernelKind::SplitKvPaged => "skvp",
+            KernelKind::ForwardVarlen => "fwdv",
+            KernelKind::SplitKvPagedVarlen => "skvpv",
         }
     }
 }

@@ -83,11 +83,21 @@ pub enum Extent {
     PageSize,
     /// Entries per sequence of a paged cache's page table.
     MaxPages,
+    /// The leading dimension of packed (variable-length) tensors, always 1: Q `[1, total_q,
+    /// heads_q, d]` holds every sequence's tokens back to back (see `plan::varlen`).
+    Packed,
+    /// Query tokens of a packed batch, all sequences together.
+    TotalQ,
+    /// Key tokens of a packed batch, all sequences together.
+    TotalK,
+    /// Entries of a packed batch's cumulative offsets (`cu_seqlens_q`, `cu_seqlens_k`):
+    /// `batch + 1`.
+    CuLen,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 12] = [
+    pub const ALL: [Extent; 16] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -100,6 +110,10 @@ impl Extent {
         Extent::Pages,
         Extent::PageSize,
         Extent::MaxPages,
+        Extent::Packed,
+        Extent::TotalQ,
+        Extent::TotalK,
+        Extent::CuLen,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -116,6 +130,10 @@ impl Extent {
             Extent::Pages => "pages",
             Extent::PageSize => "page_size",
             Extent::MaxPages => "max_pages",
+            Extent::Packed => "packed",
+            Extent::TotalQ => "total_q",
+            Extent::TotalK => "total_k",
+            Extent::CuLen => "cu_seqlens_len",
         }
     }
     /// The value the spec fixes, for head dims.

@@ -12,7 +12,10 @@
 //! combine kernel: measured on an H200, a second kernel and its wait cost a 25 µs decode step
 //! 15–28 % of its time. With one split the kernel writes O and the LSE directly.
 //!
-//! [`plan_splitkv_paged`] is the same kernel over a paged KV cache.
+//! [`plan_splitkv_paged`] is the same kernel over a paged KV cache, and
+//! [`plan_splitkv_paged_varlen`] over a paged KV cache with packed queries (chunked prefill: each
+//! sequence's new tokens, of different counts, against its cached keys; see `plan::varlen` for the
+//! packed layout).
 //!
 //! Inside a block every warp streams its own key tiles (warp `w` takes tiles `w`, `w + warps`,
 //! … of the split) through a private `cp.async` pipeline of `stages` buffers: decode is bound by
@@ -124,8 +127,10 @@ pub const SEQLENS_K_OPERAND: &str = "seqlens_k";
 /// The split-KV attention kernel's operands: the forward's Q, K, V, O, LSE (with `paged`, K and
 /// V are `[pages, page_size, heads_kv, d]` caches and the page table and the sequences' cached
 /// lengths follow), then the splits' partial outputs and LSEs and the row tiles' semaphores
-/// (flat workspaces the runtime owns).
-pub fn splitkv_operands(spec: &VariantSpec, paged: bool) -> Vec<Operand> {
+/// (flat workspaces the runtime owns). With `packed_q`, Q, O and the LSE are packed
+/// (`[1, total_q, heads_q, d]`, `[1, heads_q, total_q]`) and the query offsets follow the page
+/// table and lengths.
+pub fn splitkv_operands(spec: &VariantSpec, paged: bool, packed_q: bool) -> Vec<Operand> {
     let mut ops = super::forward::forward_operands(
         spec,
         &TileConfig {
@@ -148,6 +153,18 @@ pub fn splitkv_operands(spec: &VariantSpec, paged: bool) -> Vec<Operand> {
             Role::Input,
             OperandType::I32,
             &[Batch],
+            Layout::Contiguous,
+        ));
+    }
+    if packed_q {
+        ops[0].dims = vec![Packed, TotalQ, HeadsQ, HeadDimQk];
+        ops[3].dims = vec![Packed, TotalQ, HeadsQ, HeadDimV];
+        ops[4].dims = vec![Packed, HeadsQ, TotalQ];
+        ops.push(Operand::new(
+            super::varlen::CU_SEQLENS_Q_OPERAND,
+            Role::Input,
+            OperandType::I32,
+            &[CuLen],
             Layout::Contiguous,
         ));
     }
@@ -177,7 +194,7 @@ pub fn splitkv_operands(spec: &VariantSpec, paged: bool) -> Vec<Operand> {
 
 /// Plans the split-KV attention kernel of `spec` with `config` (see the module docs).
 pub fn plan_splitkv(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
-    plan_splitkv_kind(spec, config, false)
+    plan_splitkv_kind(spec, config, KernelKind::SplitKv)
 }
 
 /// Plans the split-KV kernel over a paged KV cache. Any page size works (each key row is found
@@ -185,24 +202,36 @@ pub fn plan_splitkv(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
 /// (`max_pages · page_size`), which also sizes tensor params over `seq` positions, while masks and
 /// scores see each sequence's own cached length.
 pub fn plan_splitkv_paged(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
-    plan_splitkv_kind(spec, config, true)
+    plan_splitkv_kind(spec, config, KernelKind::SplitKvPaged)
+}
+
+/// Plans the split-KV kernel over a paged KV cache with packed queries (chunked prefill): sequence
+/// `b`'s queries are rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of the packed Q, its keys the
+/// first `seqlens_k[b]` of its pages. Masks and scores see each sequence's own query count and
+/// cached length (a causal mask puts the new tokens after the cached ones: the last query sees
+/// the last key). `seq_q` in the argument struct is the longest sequence's query count.
+pub fn plan_splitkv_paged_varlen(
+    spec: &VariantSpec,
+    config: TileConfig,
+) -> Result<KernelPlan, PlanError> {
+    plan_splitkv_kind(spec, config, KernelKind::SplitKvPagedVarlen)
 }
 
 fn plan_splitkv_kind(
     spec: &VariantSpec,
     config: TileConfig,
-    paged: bool,
+    kind: KernelKind,
 ) -> Result<KernelPlan, PlanError> {
     if let Some(why) = splitkv_unsupported(spec) {
         return Err(PlanError::SplitKvVariant(why));
     }
     splitkv_config_is_valid(spec, &config)?;
-    let operands = splitkv_operands(spec, paged);
-    let kind = if paged {
-        KernelKind::SplitKvPaged
-    } else {
-        KernelKind::SplitKv
-    };
+    let paged = matches!(
+        kind,
+        KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen
+    );
+    let packed_q = kind == KernelKind::SplitKvPagedVarlen;
+    let operands = splitkv_operands(spec, paged, packed_q);
     let mut scalars = super::forward::ATTENTION_SCALARS.to_vec();
     scalars.push(ArgField::Size(Splits));
     if paged {
@@ -211,6 +240,9 @@ fn plan_splitkv_kind(
             ArgField::Size(PageSize),
             ArgField::Size(MaxPages),
         ]);
+    }
+    if packed_q {
+        scalars.push(ArgField::Size(TotalQ));
     }
     let args = arg_layout(spec, &operands, &scalars);
     Ok(KernelPlan {

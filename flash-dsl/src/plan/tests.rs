@@ -641,3 +641,77 @@ fn family_tags_round_trip_and_suffix_kernel_names() {
     assert!(ws.kernel_name.ends_with("_sm90ws"));
     assert!(!plan(&s, None).unwrap().kernel_name.ends_with("_sm80"));
 }
+
+#[test]
+fn packed_plans_take_offsets_and_totals() {
+    use super::varlen::{plan_varlen, CU_SEQLENS_K_OPERAND, CU_SEQLENS_Q_OPERAND};
+    let s = spec(vec![], Some(causal()));
+    for family in [KernelFamily::Sm80, KernelFamily::Sm90, KernelFamily::Sm90Ws] {
+        let p = plan_varlen(&s, default_config_for(&s, family)).unwrap();
+        assert_eq!(p.kind, KernelKind::ForwardVarlen);
+        assert!(
+            p.kernel_name.starts_with("flash_fwdv_gemma_local2_"),
+            "{}",
+            p.kernel_name
+        );
+        let names: Vec<&str> = p.operands.iter().map(|o| o.name.as_str()).collect();
+        let mut want = vec![
+            "q",
+            "k",
+            "v",
+            "o",
+            "lse",
+            CU_SEQLENS_Q_OPERAND,
+            CU_SEQLENS_K_OPERAND,
+        ];
+        if family == KernelFamily::Sm90Ws {
+            want.push(forward::SCHED_OPERAND);
+        }
+        assert_eq!(names, want, "{family:?}");
+        assert_eq!(
+            p.operands[0].dims,
+            [
+                Extent::Packed,
+                Extent::TotalQ,
+                Extent::HeadsQ,
+                Extent::HeadDimQk
+            ]
+        );
+        assert_eq!(
+            p.operands[2].dims,
+            [
+                Extent::Packed,
+                Extent::TotalK,
+                Extent::HeadsKv,
+                Extent::HeadDimV
+            ]
+        );
+        assert_eq!(
+            p.operands[4].dims,
+            [Extent::Packed, Extent::HeadsQ, Extent::TotalQ]
+        );
+        assert_eq!(p.operands[5].dims, [Extent::CuLen]);
+        // The kernel reads both totals (to clamp offsets, to index the LSE).
+        for e in [Extent::TotalQ, Extent::TotalK] {
+            assert!(
+                p.args.slots.iter().any(|sl| sl.field == ArgField::Size(e)),
+                "{e:?}"
+            );
+        }
+        // Same tile rules and shared memory as the forward kernel of the family.
+        let f = plan(&s, Some(p.config)).unwrap();
+        assert_eq!((p.launch, p.config), (f.launch, f.config));
+        // The emitted kernel is the forward skeleton with the packed addressing switched on.
+        let src = crate::emit(&p).source;
+        assert!(src.contains("constexpr bool VARLEN = true;"));
+        assert!(src.contains("seq_span(args.cu_seqlens_q"));
+        let dense_src = crate::emit(&f).source;
+        assert!(dense_src.contains("constexpr bool VARLEN = false;"));
+        assert!(!dense_src.contains("seq_span"));
+    }
+    // Dropout: no packed kernel, and the error says why.
+    let mut d = spec(vec![], Some(causal()));
+    d.dropout = Some(crate::spec::Dropout::Const(crate::spec::F64Bits::new(0.1)));
+    let e = plan_varlen(&d, default_config(&d)).unwrap_err();
+    assert!(e.to_string().contains("dropout"), "{e}");
+}

@@ -196,6 +196,9 @@ pub enum PlanError {
     /// The variant has no split-KV kernel (the reason says why; the forward kernel runs it).
     #[error("no split-KV kernel: {0}")]
     SplitKvVariant(&'static str),
+    /// The variant has no packed (variable-length) kernel; the reason says why.
+    #[error("no packed (variable-length) kernel: {0}")]
+    VarlenVariant(&'static str),
     /// A backward pipeline was asked for a family that has no backward kernel (sm90ws).
     #[error("the backward pass has no {0:?} kernel; it runs on the Sm90 family (sm_90a, wgmma) and the Sm80 family (any GPU from sm_80)")]
     BackwardFamily(KernelFamily),

@@ -7,6 +7,7 @@
 //!           --out o.npy [--lse lse.npy] [--out-dtype same|f32]
 //!           [--do dO.npy [--dq dq.npy] [--dk dk.npy] [--dv dv.npy] [--dparam NAME=FILE.npy ...]]
 //!           [--splits N] [--page-table table.npy --seqlens-k lens.npy]
+//!           [--cu-seqlens-q cu_q.npy --cu-seqlens-k cu_k.npy]
 //! ```
 //!
 //! Decode-sized launches (at most 64 query rows per KV head) take the split-KV kernel with the
@@ -14,6 +15,15 @@
 //! `--splits N` forces the split-KV kernel with N splits. With `--page-table` (`[batch,
 //! max_pages]` integers) and `--seqlens-k` (`[batch]` cached lengths), `--k` and `--v` are paged
 //! caches `[pages, page_size, heads_kv, d]`; the table and lengths are checked before the launch.
+//!
+//! With `--cu-seqlens-q` and `--cu-seqlens-k` (each `[batch + 1]` integers, from 0,
+//! non-decreasing, ending at the token counts) the batch is packed: Q is `[total_q, heads_q, d]`
+//! (or `[1, total_q, heads_q, d]`), K and V `[total_k, heads_kv, d]`, every sequence's tokens back
+//! to back, and the packed (variable-length) kernel runs; O is written with Q's rank and the LSE
+//! as `[heads_q, total_q]` (`[1, heads_q, total_q]` for 4-d inputs). With `--cu-seqlens-q` and
+//! `--page-table` instead (chunked prefill), the packed queries run against the paged cache
+//! through the split-KV kernel, `--seqlens-k` counting the new tokens. The offsets are checked
+//! before the GPU is touched; a packed batch has no backward pass.
 //!
 //! Q is `[batch, seq_q, heads_q, d]`, K and V `[batch, seq_k, heads_kv, d]` (see `npy` for the
 //! element types read; anything but the variant's own 16-bit type is rounded to it). Tensor
@@ -116,9 +126,96 @@ pub struct RunArgs {
     /// The cached keys of each sequence, `[batch]` (integers; with --page-table).
     #[arg(long, requires = "page_table")]
     pub seqlens_k: Option<PathBuf>,
+    /// A packed batch: the `[batch + 1]` cumulative query offsets (integers); `--q` is then
+    /// `[total_q, heads_q, d]` (or `[1, total_q, heads_q, d]`). With `--cu-seqlens-k` K and V
+    /// are packed too; with `--page-table` they are a paged cache (chunked prefill).
+    #[arg(long)]
+    pub cu_seqlens_q: Option<PathBuf>,
+    /// The `[batch + 1]` cumulative key offsets of a packed batch (with --cu-seqlens-q); `--k`
+    /// and `--v` are then `[total_k, heads_kv, d]`.
+    #[arg(long, requires = "cu_seqlens_q", conflicts_with = "page_table")]
+    pub cu_seqlens_k: Option<PathBuf>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+}
+
+/// `--cu-seqlens-q` and `--cu-seqlens-k` as read (no key offsets: the keys are a paged cache),
+/// and whether Q was 3-d.
+struct PackedInputs {
+    cu_q: Vec<i32>,
+    cu_k: Option<Vec<i32>>,
+    rank3: bool,
+}
+
+/// `--cu-seqlens-q` / `--cu-seqlens-k`, read and checked against the packed Q and K (the flags
+/// that do not apply to a packed batch are refused here, before the GPU is touched).
+fn read_packed(
+    a: &RunArgs,
+    q: &NpyArray,
+    k: &NpyArray,
+) -> Result<Option<PackedInputs>, FlashError> {
+    let Some(qp) = &a.cu_seqlens_q else {
+        return Ok(None);
+    };
+    let paged = a.page_table.is_some();
+    if a.cu_seqlens_k.is_none() && !paged {
+        return Err(invalid(
+            "--cu-seqlens-q needs --cu-seqlens-k (packed K and V) or --page-table (a paged cache: chunked prefill)",
+        ));
+    }
+    for (flag, given) in [
+        ("--do", a.d_o.is_some()),
+        ("--splits", a.splits.is_some() && !paged),
+        ("--dropout-mask", a.dropout_mask.is_some()),
+    ] {
+        if given {
+            return Err(invalid(format!(
+                "{flag} does not apply to a packed batch (--cu-seqlens-q; --splits only with a --page-table)"
+            )));
+        }
+    }
+    let read1 = |flag: &str, p: &PathBuf| -> Result<Vec<i32>, FlashError> {
+        let arr = NpyArray::read(p)?;
+        if arr.shape.len() != 1 {
+            return Err(invalid(format!(
+                "{flag} must be 1-d, [batch + 1]; got shape {:?}",
+                arr.shape
+            )));
+        }
+        arr.data.to_i32()
+    };
+    let cu_q = read1("--cu-seqlens-q", qp)?;
+    let cu_k = match &a.cu_seqlens_k {
+        Some(kp) => Some(read1("--cu-seqlens-k", kp)?),
+        None => None,
+    };
+    let total = |name: &str, x: &NpyArray| -> Result<usize, FlashError> {
+        match x.shape.as_slice() {
+            [t, _, _] | [1, t, _, _] => Ok(*t),
+            s => Err(invalid(format!(
+                "--{name} of a packed batch must be [total, heads, head_dim] (or [1, total, heads, head_dim]); got shape {s:?}"
+            ))),
+        }
+    };
+    let tq = total("q", q)?;
+    flash_dsl::plan::varlen::check_cu_seqlens("--cu-seqlens-q", &cu_q, tq).map_err(invalid)?;
+    if let Some(cu_k) = &cu_k {
+        let tk = total("k", k)?;
+        flash_dsl::plan::varlen::check_cu_seqlens("--cu-seqlens-k", cu_k, tk).map_err(invalid)?;
+        if cu_q.len() != cu_k.len() {
+            return Err(invalid(format!(
+                "--cu-seqlens-q has {} entries and --cu-seqlens-k {}; both are batch + 1 long",
+                cu_q.len(),
+                cu_k.len()
+            )));
+        }
+    }
+    Ok(Some(PackedInputs {
+        cu_q,
+        cu_k,
+        rank3: q.shape.len() == 3,
+    }))
 }
 
 /// `--page-table` and `--seqlens-k` as read: (table, max_pages, lengths).
@@ -187,6 +284,18 @@ fn shape4(name: &str, a: &NpyArray) -> Result<[usize; 4], FlashError> {
     })
 }
 
+/// A packed input as the launch takes it, `[1, total, heads, head_dim]` (3-d inputs get the
+/// leading 1; `read_packed` checked the rank).
+fn packed4(name: &str, a: &NpyArray) -> Result<[usize; 4], FlashError> {
+    match a.shape.as_slice() {
+        [t, h, d] => Ok([1, *t, *h, *d]),
+        [1, t, h, d] => Ok([1, *t, *h, *d]),
+        s => Err(invalid(format!(
+            "--{name} of a packed batch must be [total, heads, head_dim] (or [1, total, heads, head_dim]); got shape {s:?}"
+        ))),
+    }
+}
+
 /// A parsed `--param`.
 enum ParamValue {
     Scalar(String),
@@ -208,16 +317,42 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         NpyArray::read(&a.k)?,
         NpyArray::read(&a.v)?,
     );
-    let (qs, ks, vs) = (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?);
+    let packed = read_packed(a, &q, &k)?;
+    let (qs, ks, vs) = match &packed {
+        Some(p) if p.cu_k.is_some() => (packed4("q", &q)?, packed4("k", &k)?, packed4("v", &v)?),
+        // Chunked prefill: packed queries, a paged cache.
+        Some(_) => (packed4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?),
+        None => (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?),
+    };
     let given = read_params(&a.params, &spec)?;
     let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
-    let paged = read_paged(a, qs[0])?;
-    let sizes = Sizes {
-        batch: qs[0],
-        heads: qs[2],
-        seq_q: qs[1],
-        // A paged cache: `seq` params span its capacity (max_pages · page_size).
-        seq_k: paged.as_ref().map_or(ks[1], |(_, mp, _)| mp * ks[1]),
+    let batch = packed.as_ref().map_or(qs[0], |p| p.cu_q.len() - 1);
+    let paged = read_paged(a, batch)?;
+    let longest = |cu: &[i32]| {
+        cu.windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0)
+    };
+    let sizes = match &packed {
+        // A packed batch: `seq` params span the longest sequence (or a paged cache's capacity).
+        Some(p) => Sizes {
+            batch,
+            heads: qs[2],
+            seq_q: longest(&p.cu_q),
+            seq_k: match (&p.cu_k, &paged) {
+                (Some(cu_k), _) => longest(cu_k),
+                (None, Some((_, mp, _))) => mp * ks[1],
+                (None, None) => unreachable!("read_packed wants key offsets or a page table"),
+            },
+        },
+        None => Sizes {
+            batch: qs[0],
+            heads: qs[2],
+            seq_q: qs[1],
+            // A paged cache: `seq` params span its capacity (max_pages · page_size).
+            seq_k: paged.as_ref().map_or(ks[1], |(_, mp, _)| mp * ks[1]),
+        },
     };
     let bwd = read_backward(a, &spec, o_shape, sizes)?;
     let rng = dropout_rng(a, &spec)?;
@@ -232,10 +367,15 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         heads_q: qs[2],
         heads_kv: ks[2],
     };
-    let split_kv = paged.is_some()
-        || a.splits.is_some()
-        || (a.variant.tile.is_none() && rt.takes_split_kv(&spec, shape));
-    let kernel = if paged.is_some() {
+    let split_kv = packed.is_none()
+        && (paged.is_some()
+            || a.splits.is_some()
+            || (a.variant.tile.is_none() && rt.takes_split_kv(&spec, shape)));
+    let kernel = if packed.is_some() && paged.is_some() {
+        rt.load_paged_varlen(&spec, None)?
+    } else if packed.is_some() {
+        rt.load_varlen(&spec, Some(plan.config))?
+    } else if paged.is_some() {
         rt.load_paged(&spec, None)?
     } else if split_kv {
         rt.load_split_kv(&spec, None)?
@@ -272,7 +412,21 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         );
         let mut to = TensorMut::new(&mut o, o_shape, &stream);
         let mut tl = LseMut::new(&mut lse, &stream);
-        if let Some((table, max_pages, lens)) = &paged {
+        if let Some((p, cu_k)) = packed.as_ref().and_then(|p| Some((p, p.cu_k.as_ref()?))) {
+            let dq = stream
+                .clone_htod(&p.cu_q)
+                .map_err(drv("copying cu_seqlens_q"))?;
+            let dk = stream
+                .clone_htod(cu_k)
+                .map_err(drv("copying cu_seqlens_k"))?;
+            let seqs = crate::launch::VarlenBatch {
+                cu_seqlens_q: &dq,
+                cu_seqlens_k: &dk,
+                host_q: &p.cu_q,
+                host_k: cu_k,
+            };
+            rt.forward_varlen(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &seqs, &args)?;
+        } else if let Some((table, max_pages, lens)) = &paged {
             let dt = stream
                 .clone_htod(table)
                 .map_err(drv("copying the page table"))?;
@@ -287,7 +441,23 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
                 seqlens_k: &dl,
                 host: Some((table, lens)),
             };
-            rt.forward_paged(&kernel, &tq, &kv, &mut to, &mut tl, &args, a.splits)?;
+            match &packed {
+                Some(p) => {
+                    let dq = stream
+                        .clone_htod(&p.cu_q)
+                        .map_err(drv("copying cu_seqlens_q"))?;
+                    let queries = crate::launch::PackedQueries {
+                        cu_seqlens_q: &dq,
+                        host: &p.cu_q,
+                    };
+                    rt.forward_paged_varlen(
+                        &kernel, &tq, &queries, &kv, &mut to, &mut tl, &args, a.splits,
+                    )?;
+                }
+                None => {
+                    rt.forward_paged(&kernel, &tq, &kv, &mut to, &mut tl, &args, a.splits)?;
+                }
+            }
         } else if split_kv {
             rt.forward_split_kv(&kernel, &tq, &tk, &tv, &mut to, &mut tl, &args, a.splits)?;
         } else {
@@ -299,7 +469,19 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     let lse_host: Vec<f32> = stream
         .clone_dtoh(&lse)
         .map_err(drv("copying the LSE back"))?;
-    write_outputs(a, spec.dtype, o_shape, &o_host[..n_o], &lse_host[..n_lse])?;
+    let [batch, seq_q, heads_q, dv] = o_shape;
+    let (o_dims, lse_dims) = match &packed {
+        Some(p) if p.rank3 => (vec![seq_q, heads_q, dv], vec![heads_q, seq_q]),
+        _ => (o_shape.to_vec(), vec![batch, heads_q, seq_q]),
+    };
+    write_outputs(
+        a,
+        spec.dtype,
+        o_dims,
+        lse_dims,
+        &o_host[..n_o],
+        &lse_host[..n_lse],
+    )?;
     if let (Some(path), Some(r)) = (&a.dropout_mask, rng) {
         let p = match spec.dropout {
             Some(Dropout::Const(v)) => v.get() as f32,
@@ -711,14 +893,14 @@ fn with_len(mut p: ParamArg<'_>, len: usize) -> ParamArg<'_> {
 fn write_outputs(
     a: &RunArgs,
     dtype: DType,
-    o_shape: [usize; 4],
+    o_dims: Vec<usize>,
+    lse_dims: Vec<usize>,
     o_host: &[u16],
     lse_host: &[f32],
 ) -> Result<(), FlashError> {
-    write_half(&a.out, a.out_dtype, dtype, o_shape.to_vec(), o_host)?;
+    write_half(&a.out, a.out_dtype, dtype, o_dims, o_host)?;
     if let Some(p) = &a.lse {
-        let [batch, seq_q, heads_q, _] = o_shape;
-        NpyArray::new(vec![batch, heads_q, seq_q], NpyData::F32(lse_host.to_vec()))?.write(p)?;
+        NpyArray::new(lse_dims, NpyData::F32(lse_host.to_vec()))?.write(p)?;
     }
     Ok(())
 }

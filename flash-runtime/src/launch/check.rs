@@ -196,6 +196,8 @@ pub fn extent_limit(e: Extent) -> usize {
         Extent::Batch => MAX_BATCH as usize,
         Extent::HeadsQ | Extent::HeadsKv => MAX_HEADS as usize,
         Extent::SeqQ | Extent::SeqK => MAX_SEQ as usize,
+        // Packed tensors are one sequence of all tokens: `[1, total, heads, d]`.
+        Extent::Packed => 1,
         _ => i32::MAX as usize,
     }
 }

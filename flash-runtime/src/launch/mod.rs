@@ -45,14 +45,16 @@ pub mod check;
 pub mod pack;
 pub mod splitkv;
 pub mod tensor;
+pub mod varlen;
 
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
-pub use splitkv::{PagedKv, SPLITKV_MAX_ROWS};
+pub use splitkv::{PackedQueries, PagedKv, SPLITKV_MAX_ROWS};
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
 };
+pub use varlen::{VarlenBatch, VarlenShape};
 
 fn driver(what: &str, e: result::DriverError) -> FlashError {
     FlashError::Driver(format!("{what}: {e:?}"))

@@ -117,7 +117,12 @@ pub fn pack_args(
                 };
                 let elem = op.ty.size() as u64;
                 let [b_, s_, h_, d_] = [shape[0], shape[1], shape[2], shape[3]].map(|x| x as u64);
-                let st: Vec<u64> = a.strides.iter().map(|x| *x as u64 * elem).collect();
+                let mut st: Vec<u64> = a.strides.iter().map(|x| *x as u64 * elem).collect();
+                // A batch of one (a packed batch) never steps along its batch stride, which may
+                // then be anything; the driver wants a valid one.
+                if b_ == 1 {
+                    st[0] = st[1] * s_;
+                }
                 let map = crate::ffi::encode_tma_4d(
                     a.ptr,
                     dtype,

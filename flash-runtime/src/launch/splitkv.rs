@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_dsl::plan::splitkv::{
-    choose_splits, default_splitkv_config, plan_splitkv, plan_splitkv_paged, splitkv_unsupported,
-    SplitShape, MAX_SPLITS,
+    choose_splits, default_splitkv_config, plan_splitkv, plan_splitkv_paged,
+    plan_splitkv_paged_varlen, splitkv_unsupported, SplitShape, MAX_SPLITS,
 };
 use flash_dsl::plan::{Extent, KernelKind};
 use flash_dsl::{TileConfig, VariantSpec};
@@ -96,6 +96,17 @@ impl PagedKv<'_> {
     }
 }
 
+/// The queries of a chunked prefill for [`Runtime::forward_paged_varlen`]: sequence `b`'s new
+/// tokens are rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of a packed Q `[1, total_q, heads_q,
+/// d]` (`batch + 1` non-decreasing i32 offsets from 0 to `total_q`, on the device and as a host
+/// copy, which the launch checks; the kernel clamps the device copy).
+pub struct PackedQueries<'a> {
+    /// Query offsets on the device, `[batch + 1]`.
+    pub cu_seqlens_q: &'a CudaSlice<i32>,
+    /// The host copy of `cu_seqlens_q`.
+    pub host: &'a [i32],
+}
+
 /// An i32 device buffer as a flat operand.
 fn i32_operand(buf: &CudaSlice<i32>, stream: &cudarc::driver::CudaStream) -> OperandArg {
     let (ptr, _sync) = buf.device_ptr(stream);
@@ -139,6 +150,106 @@ impl Runtime {
         self.load_kind((KernelKind::SplitKvPaged, false), spec, Some(cfg), || {
             plan_splitkv_paged(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e))
         })
+    }
+
+    /// Loads (memoised) the split-KV kernel of `spec` over a paged KV cache with packed queries
+    /// (chunked prefill).
+    pub fn load_paged_varlen(
+        &self,
+        spec: &VariantSpec,
+        config: Option<TileConfig>,
+    ) -> Result<Arc<LoadedKernel>, FlashError> {
+        let cfg = config.unwrap_or_else(|| default_splitkv_config(spec));
+        self.require_family(&cfg)?;
+        self.load_kind(
+            (KernelKind::SplitKvPagedVarlen, false),
+            spec,
+            Some(cfg),
+            || plan_splitkv_paged_varlen(spec, cfg).map_err(|e| FlashError::plan(&spec.name, e)),
+        )
+    }
+
+    /// Chunked prefill: packed queries (`[1, total_q, heads_q, d]`, each sequence's new tokens)
+    /// against a paged KV cache whose `seqlens_k` already count them, through the split-KV
+    /// kernel of [`Runtime::load_paged_varlen`]. O is packed like Q, the LSE `[1, heads_q,
+    /// total_q]`. Masks and scores see each sequence's own query count and cached length: a
+    /// causal mask puts the queries at the end of the cached keys. Returns the split count used
+    /// (chosen for the longest sequence and the cache's capacity unless given).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_paged_varlen(
+        &self,
+        kernel: &LoadedKernel,
+        q: &TensorRef<'_>,
+        queries: &PackedQueries<'_>,
+        kv: &PagedKv<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+    ) -> Result<usize, FlashError> {
+        let (launch, n) =
+            self.prepare_paged_varlen(kernel, q, queries, kv, o, lse, params, splits)?;
+        self.launch_checked(&launch)?;
+        Ok(n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_paged_varlen<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        q: &TensorRef<'_>,
+        queries: &PackedQueries<'_>,
+        kv: &PagedKv<'_>,
+        o: &TensorMut<'_>,
+        lse: &LseMut<'_>,
+        params: &[ParamArg<'_>],
+        splits: Option<usize>,
+    ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
+        if kernel.plan.kind != KernelKind::SplitKvPagedVarlen {
+            return Err(invalid(format!(
+                "kernel `{}` is not the paged kernel for packed queries; load it with Runtime::load_paged_varlen",
+                kernel.plan.kernel_name
+            )));
+        }
+        for (name, shape) in [("q", q.desc.shape), ("o", o.desc.shape)] {
+            if shape[0] != 1 {
+                return Err(invalid(format!(
+                    "{name} has shape {shape:?}; packed queries are one [1, total_q, heads_q, d] tensor"
+                )));
+            }
+        }
+        let [_, total_q, heads_q, _] = q.desc.shape;
+        let max_q =
+            flash_dsl::plan::varlen::check_cu_seqlens("cu_seqlens_q", queries.host, total_q)
+                .map_err(invalid)?;
+        if queries.cu_seqlens_q.len() < queries.host.len() {
+            return Err(invalid(format!(
+                "the device cu_seqlens_q has {} entries; its host copy has {}",
+                queries.cu_seqlens_q.len(),
+                queries.host.len()
+            )));
+        }
+        let batch = queries.host.len() - 1;
+        kv.check_host(batch)?;
+        let shape = ProblemShape {
+            batch,
+            seq_q: max_q,
+            seq_k: kv.capacity(),
+            heads_q,
+            heads_kv: kv.k.desc.shape[2],
+        };
+        let mut ops = forward_operands(q, &kv.k, &kv.v, o, lse).to_vec();
+        ops.push(i32_operand(kv.page_table, self.stream()));
+        ops.push(i32_operand(kv.seqlens_k, self.stream()));
+        ops.push(i32_operand(queries.cu_seqlens_q, self.stream()));
+        let preset = [
+            (Extent::Batch, batch),
+            (Extent::SeqQ, max_q),
+            (Extent::CuLen, batch + 1),
+            (Extent::MaxPages, kv.max_pages),
+            (Extent::SeqK, kv.capacity()),
+        ];
+        self.prepare_splits(kernel, ops, shape, params, splits, &preset)
     }
 
     /// Attention of Q (`[batch, seq_q, heads_q, d]`) against a paged KV cache, through the

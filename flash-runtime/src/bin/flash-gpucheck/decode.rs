@@ -176,7 +176,7 @@ pub fn timing_decode(
 /// A paged copy of per-sequence K/V rows (`[len_b, heads_kv, d]` each): pages of `ps` keys in a
 /// shuffled pool with spare pages, partial last pages; returns the caches, the page table
 /// (`max_pages` entries per sequence, unused ones −1) and the pool size.
-fn page_out(
+pub(crate) fn page_out(
     rows: &[Vec<u16>],
     row_elems: usize,
     ps: usize,
@@ -217,7 +217,7 @@ fn page_out(
 pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
     use crate::cases::CaseResult;
     use crate::device::{draw, param_args, random_params, upload_params};
-    use flash_dsl::eval::{ParamValue, ParamValues, Sizes};
+    use flash_dsl::eval::Sizes;
     use flash_dsl::model::reference::Problem;
     use flash_dsl::plan::splitkv::splitkv_unsupported;
     let (mut n, mut fails) = (0, 0);
@@ -315,29 +315,8 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                     Ok((o, l, used)) => {
                         for (bi, &len) in lens.iter().enumerate() {
                             // The reference of sequence bi alone: its queries, its keys, and the
-                            // params sliced to its own `seq` extent (1-D `seq` tensors).
-                            let pv = ParamValues::new(
-                                params
-                                    .0
-                                    .iter()
-                                    .zip(&spec.params)
-                                    .map(|(v, p)| match (v, &p.kind) {
-                                        (
-                                            ParamValue::IntTensor(t),
-                                            flash_dsl::spec::ParamKind::Tensor { dims, .. },
-                                        ) if dims.as_slice() == [flash_dsl::spec::Dim::Seq] => {
-                                            ParamValue::IntTensor(t[..sq.max(len)].to_vec())
-                                        }
-                                        (
-                                            ParamValue::FloatTensor(t),
-                                            flash_dsl::spec::ParamKind::Tensor { dims, .. },
-                                        ) if dims.as_slice() == [flash_dsl::spec::Dim::Seq] => {
-                                            ParamValue::FloatTensor(t[..sq.max(len)].to_vec())
-                                        }
-                                        (v, _) => v.clone(),
-                                    })
-                                    .collect(),
-                            );
+                            // params sliced to its own `seq` extent.
+                            let pv = crate::device::seq_params(&spec, &params, sq.max(len));
                             let problem = Problem {
                                 batch: 1,
                                 heads_q: hq,

@@ -155,3 +155,30 @@ pub fn param_args<'a>(
     }
     args
 }
+
+/// The params of one sequence of a batch whose `seq` tensors are sized for a longer one: 1-D
+/// `seq` tensors cut to the sequence's `n` positions (the only `seq`-sized params the example
+/// variants have; the kernels index them by position, so the prefix is what they read), the
+/// others unchanged.
+pub fn seq_params(spec: &VariantSpec, params: &ParamValues, n: usize) -> ParamValues {
+    ParamValues::new(
+        params
+            .0
+            .iter()
+            .zip(&spec.params)
+            .map(|(v, p)| match (v, &p.kind) {
+                (ParamValue::IntTensor(t), ParamKind::Tensor { dims, .. })
+                    if dims.as_slice() == [Dim::Seq] =>
+                {
+                    ParamValue::IntTensor(t[..n].to_vec())
+                }
+                (ParamValue::FloatTensor(t), ParamKind::Tensor { dims, .. })
+                    if dims.as_slice() == [Dim::Seq] =>
+                {
+                    ParamValue::FloatTensor(t[..n].to_vec())
+                }
+                (v, _) => v.clone(),
+            })
+            .collect(),
+    )
+}

@@ -1,7 +1,7 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only | --decode-sweep] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--decode-only | --decode-sweep] [--json OUT.json]
 //! ```
 //!
 //! **Decode** (with the forward's timings, or alone with `--decode-only`, or `--decode-sweep`
@@ -9,6 +9,14 @@
 //! `bench/peers.py --decode`'s workloads through the split-KV pass, GB/s, contiguous and from a
 //! paged cache (pages of 64 in shuffled order). With the forward's check, the paged KV check
 //! (every variant, cached lengths 0…4097 in pages of 16, 24 and 64). See `decode.rs`.
+//!
+//! **Packed batches** (`--varlen`, or `--varlen-only` for nothing else): the packed
+//! (variable-length) forward kernel of every variant that has one, on every family, over
+//! batches with empty, one-token and odd-length sequences (query and key lengths equal and
+//! different both ways, up to 4097), each sequence judged against its own float64 reference;
+//! then chunked prefill (packed queries against a paged cache, the split-KV kernel); with
+//! timing, the prefill of packed documents (16k tokens, lengths 128…4096) against the same
+//! tokens as dense batches. See `varlen.rs`.
 //!
 //! **Block maps** (`--maps`, or `--maps-only` for nothing else): the maps the GPU builds for
 //! masks that read tensors, word for word against the host's brute-force classification, over
@@ -53,6 +61,7 @@ mod dropout;
 mod judge;
 mod timing;
 mod variants;
+mod varlen;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -156,6 +165,7 @@ fn main() -> ExitCode {
     let mut do_fwd = true;
     let mut do_drop = false;
     let mut do_maps = false;
+    let mut do_varlen = false;
     // Decode timing runs with the forward's timings; `--decode-only` runs it alone after the
     // paged KV check, `--decode-sweep` too with a sweep of split-KV tiles.
     let mut decode_only = false;
@@ -188,6 +198,12 @@ fn main() -> ExitCode {
                 do_fwd = false;
                 do_bwd = false;
             }
+            "--varlen" => do_varlen = true,
+            "--varlen-only" => {
+                do_varlen = true;
+                do_fwd = false;
+                do_bwd = false;
+            }
             "--maps" => do_maps = true,
             "--maps-only" => {
                 do_maps = true;
@@ -196,7 +212,7 @@ fn main() -> ExitCode {
             }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--decode-only | --decode-sweep] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--decode-only | --decode-sweep] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -327,6 +343,25 @@ fn main() -> ExitCode {
         );
         failed |= fails > 0;
     }
+    if do_varlen && do_check {
+        let families: Vec<KernelFamily> =
+            [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
+                .into_iter()
+                .filter(|f| f.runs_on(&info.arch))
+                .collect();
+        let (n, fails) = varlen::check_varlen(&rt, &specs, &families, small);
+        println!(
+            "# packed batches: {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
+        let (n, fails) = varlen::check_chunked(&rt, &specs);
+        println!(
+            "# chunked prefill (packed queries, paged KV): {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
+    }
     let document = variants::example(&specs, "Document");
     if do_maps && do_check {
         let (n, fails) = match (&document, &variants::example(&specs, "BigBird")) {
@@ -344,6 +379,12 @@ fn main() -> ExitCode {
         if do_maps {
             if let Err(e) = document.and_then(|doc| blockmap::timing_maps(&rt, &doc, &mut rows)) {
                 println!("# block-map timing failed: {e}");
+                failed = true;
+            }
+        }
+        if do_varlen {
+            if let Err(e) = varlen::timing_varlen(&rt, &specs, &mut rows) {
+                println!("# varlen timing failed: {e}");
                 failed = true;
             }
         }

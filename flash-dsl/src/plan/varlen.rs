@@ -1,0 +1,183 @@
+//! The variable-length forward kind: a packed batch of sequences of different lengths.
+//!
+//! Serving and training batches rarely have one length. Padding them to the longest wastes the
+//! padded rows' work and memory; a document mask over one long sequence walks (and classifies)
+//! key tiles across every document. A packed batch stores the sequences back to back instead —
+//! Q as `[1, total_q, heads_q, d]`, K and V as `[1, total_k, heads_kv, d]`, O like Q, the LSE
+//! `[1, heads_q, total_q]` — with the `batch + 1` cumulative offsets `cu_seqlens_q` and
+//! `cu_seqlens_k` (i32, from 0, non-decreasing, ending at the totals): sequence `b` owns query
+//! rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` and key rows likewise. Empty sequences are
+//! allowed.
+//!
+//! The kernels are the forward skeletons of every family, with the sequence's offsets applied
+//! where they address rows and its own lengths given to the tile walk and to the hooks: masks
+//! and score expressions see positions and `seq_q` / `seq_k` of their own sequence (a causal
+//! mask is aligned to each sequence's last key), and `b` is the sequence's index. The argument
+//! struct's `seq_q` / `seq_k` are the longest sequence's lengths, which size the grid and tensor
+//! params over `seq` positions (as for a dense batch padded to them). A query tile past its
+//! sequence's end does nothing (the grid has the longest sequence's tiles for every sequence; the
+//! persistent kernel skips such items when it fetches them).
+//!
+//! What stays outside: variants whose mask needs a block map (data-dependent masks, sparsity
+//! layouts; the map is built per batch element of one length) and dropout (a training feature;
+//! there is no variable-length backward pass). [`varlen_unsupported`] says why, and the plan
+//! fails with [`PlanError::VarlenVariant`].
+
+use super::forward::{attention_scalars, forward_operands, SCHED_OPERAND};
+use super::mask::analyse_mask;
+use super::operand::{
+    arg_layout, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
+};
+use super::tile::{config_is_valid, smem_bytes, KernelFamily, PlanError, TileConfig};
+use super::{kernel_name, needs_block_map, KernelKind, KernelPlan};
+use crate::spec::VariantSpec;
+
+use Extent::*;
+
+/// The cumulative query offsets of a packed batch (`[batch + 1]` i32).
+pub const CU_SEQLENS_Q_OPERAND: &str = "cu_seqlens_q";
+/// The cumulative key offsets of a packed batch (`[batch + 1]` i32).
+pub const CU_SEQLENS_K_OPERAND: &str = "cu_seqlens_k";
+
+/// Why a variant has no variable-length kernel, or `None`.
+pub fn varlen_unsupported(spec: &VariantSpec) -> Option<&'static str> {
+    if spec.sparsity.is_some() {
+        Some("a block-sparse layout is walked through a block map, which is built per batch element of one length")
+    } else if needs_block_map(spec) {
+        Some("a mask that reads tensors is walked through a block map, which is built per batch element of one length (pack the documents with cu_seqlens instead of a document-id mask)")
+    } else if spec.dropout.is_some() {
+        Some("dropout is a training feature and packed batches have no backward pass; pad the batch or drop the dropout")
+    } else {
+        None
+    }
+}
+
+/// The packed forward kernel's operands: Q, K, V, O as `[1, total, heads, d]` (strided, like the
+/// forward's), the LSE `[1, heads_q, total_q]` (contiguous), the two offset arrays, and the
+/// persistent kernel's work counter on the warp-specialised family.
+pub fn varlen_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
+    let mut ops = forward_operands(spec, cfg);
+    ops[0].dims = vec![Packed, TotalQ, HeadsQ, HeadDimQk];
+    ops[1].dims = vec![Packed, TotalK, HeadsKv, HeadDimQk];
+    ops[2].dims = vec![Packed, TotalK, HeadsKv, HeadDimV];
+    ops[3].dims = vec![Packed, TotalQ, HeadsQ, HeadDimV];
+    ops[4].dims = vec![Packed, HeadsQ, TotalQ];
+    for name in [CU_SEQLENS_Q_OPERAND, CU_SEQLENS_K_OPERAND] {
+        ops.push(Operand::new(
+            name,
+            Role::Input,
+            OperandType::I32,
+            &[CuLen],
+            Layout::Contiguous,
+        ));
+    }
+    if cfg.family == KernelFamily::Sm90Ws {
+        ops.push(Operand::new(
+            SCHED_OPERAND,
+            Role::Output,
+            OperandType::I32,
+            &[],
+            Layout::Contiguous,
+        ));
+    }
+    ops
+}
+
+/// Plans the packed (variable-length) forward kernel of `spec` with `config`: the forward's tile
+/// rules and templates (see the module docs).
+///
+/// ```
+/// use flash_dsl::plan::varlen::plan_varlen;
+/// use flash_dsl::plan::{default_config_for, KernelFamily};
+///
+/// let spec = flash_dsl::parse::parse_str("Causal { head_dim: 128, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let p = plan_varlen(&spec, default_config_for(&spec, KernelFamily::Sm90Ws)).unwrap();
+/// assert!(p.kernel_name.starts_with("flash_fwdv_causal_bf16"));
+/// assert!(p.operand("cu_seqlens_q").is_some() && p.operand("cu_seqlens_k").is_some());
+///
+/// // A document-id mask is what packing replaces; it has no packed kernel.
+/// let doc = flash_dsl::parse::parse_str(
+///     "Doc { head_dim: 64, dtype: bf16, params: { doc: [i32; seq] }, mask: doc[q] == doc[k] }",
+/// )
+/// .unwrap()
+/// .remove(0);
+/// assert!(plan_varlen(&doc, default_config_for(&doc, KernelFamily::Sm80)).is_err());
+/// ```
+pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    if let Some(why) = varlen_unsupported(spec) {
+        return Err(PlanError::VarlenVariant(why));
+    }
+    config_is_valid(spec, &config)?;
+    let operands = varlen_operands(spec, &config);
+    let mut scalars = attention_scalars(spec);
+    scalars.extend([ArgField::Size(TotalQ), ArgField::Size(TotalK)]);
+    let args = arg_layout(spec, &operands, &scalars);
+    Ok(KernelPlan {
+        kind: KernelKind::ForwardVarlen,
+        spec: spec.clone(),
+        config,
+        args,
+        operands,
+        launch: LaunchShape {
+            grid: if config.family == KernelFamily::Sm90Ws {
+                GridRule::Persistent {
+                    rows: config.block_m,
+                }
+            } else {
+                GridRule::QueryTiles {
+                    rows: config.block_m,
+                }
+            },
+            threads: config.warps * 32,
+            smem_bytes: smem_bytes(spec, &config),
+        },
+        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
+        kernel_name: kernel_name(KernelKind::ForwardVarlen, spec, &config),
+        deterministic: false,
+        block_map: None,
+    })
+}
+
+/// The checks of a packed batch's host offsets against its totals: `batch + 1` entries, the
+/// first 0, non-decreasing, the last the total. Returns the longest sequence, or a message that
+/// names the offending entry.
+///
+/// ```
+/// use flash_dsl::plan::varlen::check_cu_seqlens;
+///
+/// assert_eq!(check_cu_seqlens("cu_seqlens_q", &[0, 3, 3, 10], 10), Ok(7));
+/// assert!(check_cu_seqlens("cu_seqlens_q", &[0, 5, 4], 4).unwrap_err().contains("[2]"));
+/// assert!(check_cu_seqlens("cu_seqlens_k", &[0, 5], 6).unwrap_err().contains("6"));
+/// ```
+pub fn check_cu_seqlens(name: &str, cu: &[i32], total: usize) -> Result<usize, String> {
+    if cu.is_empty() {
+        return Err(format!(
+            "{name} is empty; a batch of n sequences has n + 1 offsets, starting at 0"
+        ));
+    }
+    if cu[0] != 0 {
+        return Err(format!("{name}[0] is {}; the offsets start at 0", cu[0]));
+    }
+    let mut longest = 0usize;
+    for (i, w) in cu.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(format!(
+                "{name}[{}] is {} but {name}[{i}] is {}; the offsets must not decrease",
+                i + 1,
+                w[1],
+                w[0]
+            ));
+        }
+        longest = longest.max((w[1] - w[0]) as usize);
+    }
+    let last = *cu.last().expect("not empty");
+    if last as usize != total {
+        return Err(format!(
+            "{name}[{}] is {last}; it must equal the packed tensors' {total} tokens",
+            cu.len() - 1
+        ));
+    }
+    Ok(longest)
+}
