@@ -472,6 +472,21 @@ fn plan_json_is_one_object_per_line() {
 
 /// The paged-cache flags are checked before the GPU: the table and the lengths come together,
 /// with the batch's shapes, and not with the backward pass.
+/// Each `flash run` (with `extra` flags) fails with a message containing `want`, before the GPU
+/// is touched, and writes no output.
+fn fails_before_the_gpu(d: &Path, file: &Path, cases: &[(&[&str], &str)]) {
+    for (extra, want) in cases {
+        let (code, err) = run_in(d, file, extra);
+        assert_ne!(code, Some(0), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("o.npy").exists(), "nothing ran");
+}
+
 #[test]
 fn run_packed_flags_are_checked_before_the_gpu() {
     use flash_runtime::npy::{NpyArray, NpyData};
@@ -545,16 +560,7 @@ fn run_packed_flags_are_checked_before_the_gpu() {
             "--do does not apply to a packed batch",
         ),
     ];
-    for (extra, want) in cases {
-        let (code, err) = run_in(d, &causal, extra);
-        assert_ne!(code, Some(0), "{extra:?}: {err}");
-        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
-        assert!(
-            !err.contains("cuda"),
-            "{extra:?}: fails before the GPU:\n{err}"
-        );
-    }
-    assert!(!d.join("o.npy").exists(), "nothing ran");
+    fails_before_the_gpu(d, &causal, &cases);
 }
 
 #[test]
@@ -598,14 +604,5 @@ fn run_paged_flags_are_checked_before_the_gpu() {
             "--page-table is for inference",
         ),
     ];
-    for (extra, want) in cases {
-        let (code, err) = run_in(d, &causal, extra);
-        assert_ne!(code, Some(0), "{extra:?}: {err}");
-        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
-        assert!(
-            !err.contains("cuda"),
-            "{extra:?}: fails before the GPU:\n{err}"
-        );
-    }
-    assert!(!d.join("o.npy").exists(), "nothing ran");
+    fails_before_the_gpu(d, &causal, &cases);
 }

@@ -23,12 +23,9 @@
 //! there is no variable-length backward pass). [`varlen_unsupported`] says why, and the plan
 //! fails with [`PlanError::VarlenVariant`].
 
-use super::forward::{attention_scalars, forward_operands, SCHED_OPERAND};
-use super::mask::analyse_mask;
-use super::operand::{
-    arg_layout, ArgField, Extent, GridRule, LaunchShape, Layout, Operand, OperandType, Role,
-};
-use super::tile::{config_is_valid, smem_bytes, KernelFamily, PlanError, TileConfig};
+use super::forward::{attention_scalars, forward_operands, plan_forward, SCHED_OPERAND};
+use super::operand::{arg_layout, ArgField, Extent, Layout, Operand, OperandType, Role};
+use super::tile::{KernelFamily, PlanError, TileConfig};
 use super::{kernel_name, needs_block_map, KernelKind, KernelPlan};
 use crate::spec::VariantSpec;
 
@@ -109,35 +106,16 @@ pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan,
     if let Some(why) = varlen_unsupported(spec) {
         return Err(PlanError::VarlenVariant(why));
     }
-    config_is_valid(spec, &config)?;
-    let operands = varlen_operands(spec, &config);
+    // The forward kernel's plan (tile rules, launch shape, mask analysis; no block map, see
+    // above), over the packed operands and with the totals among the scalars.
+    let mut p = plan_forward(spec, config)?;
+    p.operands = varlen_operands(spec, &config);
     let mut scalars = attention_scalars(spec);
     scalars.extend([ArgField::Size(TotalQ), ArgField::Size(TotalK)]);
-    let args = arg_layout(spec, &operands, &scalars);
-    Ok(KernelPlan {
-        kind: KernelKind::ForwardVarlen,
-        spec: spec.clone(),
-        config,
-        args,
-        operands,
-        launch: LaunchShape {
-            grid: if config.family == KernelFamily::Sm90Ws {
-                GridRule::Persistent {
-                    rows: config.block_m,
-                }
-            } else {
-                GridRule::QueryTiles {
-                    rows: config.block_m,
-                }
-            },
-            threads: config.warps * 32,
-            smem_bytes: smem_bytes(spec, &config),
-        },
-        mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
-        kernel_name: kernel_name(KernelKind::ForwardVarlen, spec, &config),
-        deterministic: false,
-        block_map: None,
-    })
+    p.args = arg_layout(spec, &p.operands, &scalars);
+    p.kind = KernelKind::ForwardVarlen;
+    p.kernel_name = kernel_name(KernelKind::ForwardVarlen, spec, &config);
+    Ok(p)
 }
 
 /// The checks of a packed batch's host offsets against its totals: `batch + 1` entries, the

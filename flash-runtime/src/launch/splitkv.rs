@@ -188,23 +188,19 @@ impl Runtime {
         splits: Option<usize>,
     ) -> Result<usize, FlashError> {
         let (launch, n) =
-            self.prepare_paged_varlen(kernel, q, queries, kv, o, lse, params, splits)?;
+            self.prepare_paged(kernel, q, Some(queries), kv, o, lse, params, splits)?;
         self.launch_checked(&launch)?;
         Ok(n)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn prepare_paged_varlen<'a>(
-        &'a self,
-        kernel: &'a LoadedKernel,
+    /// The checks of packed queries for the paged kernel: the kernel's kind, Q and O packed, the
+    /// host offsets against Q's tokens. Returns (batch, the longest sequence's queries).
+    fn check_packed_queries(
+        kernel: &LoadedKernel,
         q: &TensorRef<'_>,
-        queries: &PackedQueries<'_>,
-        kv: &PagedKv<'_>,
         o: &TensorMut<'_>,
-        lse: &LseMut<'_>,
-        params: &[ParamArg<'_>],
-        splits: Option<usize>,
-    ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
+        queries: &PackedQueries<'_>,
+    ) -> Result<(usize, usize), FlashError> {
         if kernel.plan.kind != KernelKind::SplitKvPagedVarlen {
             return Err(invalid(format!(
                 "kernel `{}` is not the paged kernel for packed queries; load it with Runtime::load_paged_varlen",
@@ -218,10 +214,12 @@ impl Runtime {
                 )));
             }
         }
-        let [_, total_q, heads_q, _] = q.desc.shape;
-        let max_q =
-            flash_dsl::plan::varlen::check_cu_seqlens("cu_seqlens_q", queries.host, total_q)
-                .map_err(invalid)?;
+        let max_q = flash_dsl::plan::varlen::check_cu_seqlens(
+            "cu_seqlens_q",
+            queries.host,
+            q.desc.shape[1],
+        )
+        .map_err(invalid)?;
         if queries.cu_seqlens_q.len() < queries.host.len() {
             return Err(invalid(format!(
                 "the device cu_seqlens_q has {} entries; its host copy has {}",
@@ -229,27 +227,7 @@ impl Runtime {
                 queries.host.len()
             )));
         }
-        let batch = queries.host.len() - 1;
-        kv.check_host(batch)?;
-        let shape = ProblemShape {
-            batch,
-            seq_q: max_q,
-            seq_k: kv.capacity(),
-            heads_q,
-            heads_kv: kv.k.desc.shape[2],
-        };
-        let mut ops = forward_operands(q, &kv.k, &kv.v, o, lse).to_vec();
-        ops.push(i32_operand(kv.page_table, self.stream()));
-        ops.push(i32_operand(kv.seqlens_k, self.stream()));
-        ops.push(i32_operand(queries.cu_seqlens_q, self.stream()));
-        let preset = [
-            (Extent::Batch, batch),
-            (Extent::SeqQ, max_q),
-            (Extent::CuLen, batch + 1),
-            (Extent::MaxPages, kv.max_pages),
-            (Extent::SeqK, kv.capacity()),
-        ];
-        self.prepare_splits(kernel, ops, shape, params, splits, &preset)
+        Ok((queries.host.len() - 1, max_q))
     }
 
     /// Attention of Q (`[batch, seq_q, heads_q, d]`) against a paged KV cache, through the
@@ -268,7 +246,7 @@ impl Runtime {
         params: &[ParamArg<'_>],
         splits: Option<usize>,
     ) -> Result<usize, FlashError> {
-        let (launch, n) = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
+        let (launch, n) = self.prepare_paged(kernel, q, None, kv, o, lse, params, splits)?;
         self.launch_checked(&launch)?;
         Ok(n)
     }
@@ -303,22 +281,29 @@ impl Runtime {
         splits: Option<usize>,
         timing: (usize, usize, bool),
     ) -> Result<(f32, usize), FlashError> {
-        let prepared = self.prepare_paged(kernel, q, kv, o, lse, params, splits)?;
+        let prepared = self.prepare_paged(kernel, q, None, kv, o, lse, params, splits)?;
         self.time_prepared(prepared, timing)
     }
 
+    /// The checked launch of a paged split-KV kernel and its split count; with `queries`, Q and O
+    /// are packed (chunked prefill).
     #[allow(clippy::too_many_arguments)]
     fn prepare_paged<'a>(
         &'a self,
         kernel: &'a LoadedKernel,
         q: &TensorRef<'_>,
+        queries: Option<&PackedQueries<'_>>,
         kv: &PagedKv<'_>,
         o: &TensorMut<'_>,
         lse: &LseMut<'_>,
         params: &[ParamArg<'_>],
         splits: Option<usize>,
     ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
-        let [batch, seq_q, heads_q, _] = q.desc.shape;
+        let [b0, s0, heads_q, _] = q.desc.shape;
+        let (batch, seq_q) = match queries {
+            Some(qs) => Self::check_packed_queries(kernel, q, o, qs)?,
+            None => (b0, s0),
+        };
         kv.check_host(batch)?;
         let shape = ProblemShape {
             batch,
@@ -330,10 +315,18 @@ impl Runtime {
         let mut ops = forward_operands(q, &kv.k, &kv.v, o, lse).to_vec();
         ops.push(i32_operand(kv.page_table, self.stream()));
         ops.push(i32_operand(kv.seqlens_k, self.stream()));
-        let preset = [
+        let mut preset = vec![
             (Extent::MaxPages, kv.max_pages),
             (Extent::SeqK, kv.capacity()),
         ];
+        if let Some(qs) = queries {
+            ops.push(i32_operand(qs.cu_seqlens_q, self.stream()));
+            preset.extend([
+                (Extent::Batch, batch),
+                (Extent::SeqQ, seq_q),
+                (Extent::CuLen, batch + 1),
+            ]);
+        }
         self.prepare_splits(kernel, ops, shape, params, splits, &preset)
     }
 

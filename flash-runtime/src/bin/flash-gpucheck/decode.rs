@@ -216,7 +216,7 @@ pub(crate) fn page_out(
 /// its own keys by FlashAttention's rule (`judge`). Returns (lines, failures).
 pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
     use crate::cases::CaseResult;
-    use crate::device::{draw, param_args, random_params, upload_params};
+    use crate::device::{draw, random_params};
     use flash_dsl::eval::Sizes;
     use flash_dsl::model::reference::Problem;
     use flash_dsl::plan::splitkv::splitkv_unsupported;
@@ -237,8 +237,7 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                 seed += 1;
                 let mut rng = Rng(seed);
                 let b = lens.len();
-                let max_pages = lens.iter().max().unwrap().div_ceil(ps) + 1;
-                let cap = max_pages * ps;
+                let cap = PagedCache::max_pages(&lens, ps) * ps;
                 // Params for the launch: `seq` positions sized by the capacity.
                 let params = random_params(
                     &spec,
@@ -251,61 +250,13 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                     &mut rng,
                 );
                 let (qb, qv) = draw(&mut rng, b * sq * hq * dq, spec.dtype);
-                let mut kr = Vec::new();
-                let mut vr = Vec::new();
-                for &len in &lens {
-                    kr.push(draw(&mut rng, len * hkv * dq, spec.dtype));
-                    vr.push(draw(&mut rng, len * hkv * dv, spec.dtype));
-                }
-                let kbits: Vec<Vec<u16>> = kr.iter().map(|x| x.0.clone()).collect();
-                let vbits: Vec<Vec<u16>> = vr.iter().map(|x| x.0.clone()).collect();
-                // K and V share the page table: the same shuffle for both.
-                let shuffle = rng.below(1 << 40);
-                let (kc, table, pages) =
-                    page_out(&kbits, hkv * dq, ps, max_pages, &mut Rng(shuffle));
-                let (vc, table_v, _) = page_out(&vbits, hkv * dv, ps, max_pages, &mut Rng(shuffle));
-                assert_eq!(table, table_v);
+                let cache = PagedCache::random(&mut rng, &spec, &lens, hkv, ps);
                 let label = format!(
                     "{:<13} {:<4} d{d:<3} paged{ps:<2} q{sq} h{hq}/{hkv} lens {lens:?}",
                     spec.name,
                     spec.dtype.name()
                 );
-                let run = || -> Result<(Vec<u16>, Vec<f32>, usize), FlashError> {
-                    let st = rt.stream();
-                    let drv = |e| FlashError::Driver(format!("paged buffers: {e:?}"));
-                    let dq_ = st.clone_htod(&qb).map_err(drv)?;
-                    let dk = st.clone_htod(&kc).map_err(drv)?;
-                    let dvv = st.clone_htod(&vc).map_err(drv)?;
-                    let dt = st.clone_htod(&table).map_err(drv)?;
-                    let lens32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-                    let dl = st.clone_htod(&lens32).map_err(drv)?;
-                    let mut o = st
-                        .clone_htod(&vec![crate::device::nan_bits(spec.dtype); b * sq * hq * dv])
-                        .map_err(drv)?;
-                    let mut l = st.clone_htod(&vec![f32::NAN; b * hq * sq]).map_err(drv)?;
-                    let dp = upload_params(rt, &params)?;
-                    let args = param_args(rt, &spec, &params, &dp);
-                    let kernel = rt.load_paged(&spec, None)?;
-                    let kv = PagedKv {
-                        k: TensorRef::new(&dk, [pages, ps, hkv, dq], st),
-                        v: TensorRef::new(&dvv, [pages, ps, hkv, dv], st),
-                        page_table: &dt,
-                        max_pages,
-                        seqlens_k: &dl,
-                        host: Some((&table, &lens32)),
-                    };
-                    let q = TensorRef::new(&dq_, [b, sq, hq, dq], st);
-                    let mut to = TensorMut::new(&mut o, [b, sq, hq, dv], st);
-                    let mut tl = LseMut::new(&mut l, st);
-                    let used =
-                        rt.forward_paged(&kernel, &q, &kv, &mut to, &mut tl, &args, splits)?;
-                    rt.synchronize()?;
-                    Ok((
-                        st.clone_dtoh(&o).map_err(drv)?,
-                        st.clone_dtoh(&l).map_err(drv)?,
-                        used,
-                    ))
-                };
+                let run = || cache.run(rt, &spec, &qb, [b, sq, hq, dq], None, &params, splits);
                 match run() {
                     Err(e) => {
                         n += 1;
@@ -324,8 +275,8 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                                 seq_q: sq,
                                 seq_k: len,
                                 q: qv[bi * sq * hq * dq..][..sq * hq * dq].to_vec(),
-                                k: kr[bi].1.clone(),
-                                v: vr[bi].1.clone(),
+                                k: cache.k_rows[bi].1.clone(),
+                                v: cache.v_rows[bi].1.clone(),
                                 params: pv,
                                 rng: crate::device::CHECK_RNG,
                             };
@@ -357,4 +308,138 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
         }
     }
     (n, fails)
+}
+
+/// A paged KV cache of the checks, on the host: each sequence's K and V rows (`[len, heads_kv,
+/// d]`, device bits and values), paged out into shuffled pages (shared by K and V) with spare
+/// pages and partial last pages.
+pub(crate) struct PagedCache {
+    /// Each sequence's K rows: bits and values.
+    pub k_rows: Vec<(Vec<u16>, Vec<f64>)>,
+    /// Each sequence's V rows.
+    pub v_rows: Vec<(Vec<u16>, Vec<f64>)>,
+    kc: Vec<u16>,
+    vc: Vec<u16>,
+    table: Vec<i32>,
+    pages: usize,
+    page_size: usize,
+    max_pages: usize,
+    lens: Vec<i32>,
+    heads_kv: usize,
+}
+
+impl PagedCache {
+    /// Entries per sequence of the page table for cached lengths `lens`: one spare.
+    pub fn max_pages(lens: &[usize], ps: usize) -> usize {
+        lens.iter().copied().max().unwrap_or(0).div_ceil(ps) + 1
+    }
+
+    /// Random K and V of `lens` keys per sequence, paged in pages of `ps` keys.
+    pub fn random(
+        rng: &mut Rng,
+        spec: &VariantSpec,
+        lens: &[usize],
+        heads_kv: usize,
+        ps: usize,
+    ) -> PagedCache {
+        use crate::device::draw;
+        let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+        let max_pages = Self::max_pages(lens, ps);
+        let mut k_rows = Vec::new();
+        let mut v_rows = Vec::new();
+        for &len in lens {
+            k_rows.push(draw(rng, len * heads_kv * dq, spec.dtype));
+            v_rows.push(draw(rng, len * heads_kv * dv, spec.dtype));
+        }
+        let kbits: Vec<Vec<u16>> = k_rows.iter().map(|x| x.0.clone()).collect();
+        let vbits: Vec<Vec<u16>> = v_rows.iter().map(|x| x.0.clone()).collect();
+        // K and V share the page table: the same shuffle for both.
+        let shuffle = rng.below(1 << 40);
+        let (kc, table, pages) = page_out(&kbits, heads_kv * dq, ps, max_pages, &mut Rng(shuffle));
+        let (vc, table_v, _) = page_out(&vbits, heads_kv * dv, ps, max_pages, &mut Rng(shuffle));
+        assert_eq!(table, table_v);
+        PagedCache {
+            k_rows,
+            v_rows,
+            kc,
+            vc,
+            table,
+            pages,
+            page_size: ps,
+            max_pages,
+            lens: lens.iter().map(|&l| l as i32).collect(),
+            heads_kv,
+        }
+    }
+
+    /// Runs the paged split-KV kernel on this cache with Q `q_shape` (`[batch, seq_q, heads_q,
+    /// d]`, or with `cu_q` packed `[1, total_q, heads_q, d]`), O and the LSE poisoned with NaN
+    /// first; returns them as written and the split count used.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        rt: &Runtime,
+        spec: &VariantSpec,
+        q_bits: &[u16],
+        q_shape: [usize; 4],
+        cu_q: Option<&[i32]>,
+        params: &flash_dsl::eval::ParamValues,
+        splits: Option<usize>,
+    ) -> Result<(Vec<u16>, Vec<f32>, usize), FlashError> {
+        use crate::device::{nan_bits, param_args, upload_params};
+        let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+        let (ps, hkv) = (self.page_size, self.heads_kv);
+        let [b, sq, hq, _] = q_shape;
+        let st = rt.stream();
+        let drv = |e| FlashError::Driver(format!("paged buffers: {e:?}"));
+        let dq_ = st.clone_htod(q_bits).map_err(drv)?;
+        let dk = st.clone_htod(&self.kc).map_err(drv)?;
+        let dvv = st.clone_htod(&self.vc).map_err(drv)?;
+        let dt = st.clone_htod(&self.table).map_err(drv)?;
+        let dl = st.clone_htod(&self.lens).map_err(drv)?;
+        let mut o = st
+            .clone_htod(&vec![nan_bits(spec.dtype); (b * sq * hq * dv).max(1)])
+            .map_err(drv)?;
+        let mut l = st
+            .clone_htod(&vec![f32::NAN; (b * hq * sq).max(1)])
+            .map_err(drv)?;
+        let dp = upload_params(rt, params)?;
+        let args = param_args(rt, spec, params, &dp);
+        let kv = PagedKv {
+            k: TensorRef::new(&dk, [self.pages, ps, hkv, dq], st),
+            v: TensorRef::new(&dvv, [self.pages, ps, hkv, dv], st),
+            page_table: &dt,
+            max_pages: self.max_pages,
+            seqlens_k: &dl,
+            host: Some((&self.table, &self.lens)),
+        };
+        let q = TensorRef::new(&dq_, q_shape, st);
+        let used = {
+            let mut to = TensorMut::new(&mut o, [b, sq, hq, dv], st);
+            let mut tl = LseMut::new(&mut l, st);
+            match cu_q {
+                None => {
+                    let kernel = rt.load_paged(spec, None)?;
+                    rt.forward_paged(&kernel, &q, &kv, &mut to, &mut tl, &args, splits)?
+                }
+                Some(cu) => {
+                    let kernel = rt.load_paged_varlen(spec, None)?;
+                    let dcu = st.clone_htod(cu).map_err(drv)?;
+                    let queries = flash_runtime::PackedQueries {
+                        cu_seqlens_q: &dcu,
+                        host: cu,
+                    };
+                    rt.forward_paged_varlen(
+                        &kernel, &q, &queries, &kv, &mut to, &mut tl, &args, splits,
+                    )?
+                }
+            }
+        };
+        rt.synchronize()?;
+        Ok((
+            st.clone_dtoh(&o).map_err(drv)?,
+            st.clone_dtoh(&l).map_err(drv)?,
+            used,
+        ))
+    }
 }

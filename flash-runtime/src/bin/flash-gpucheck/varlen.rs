@@ -195,39 +195,93 @@ fn run_packed(
     for bi in 0..b {
         let (q0, k0) = (cq[bi] as usize, ck[bi] as usize);
         let (sq, sk) = (lq[bi], lk[bi]);
-        let problem = Problem {
-            batch: 1,
-            heads_q: hq,
-            heads_kv: hkv,
-            seq_q: sq,
-            seq_k: sk,
-            q: qv[q0 * hq * dq..][..sq * hq * dq].to_vec(),
-            k: kv[k0 * hkv * dq..][..sk * hkv * dq].to_vec(),
-            v: vv[k0 * hkv * dv..][..sk * hkv * dv].to_vec(),
-            params: seq_params(spec, &params, sq.max(sk)),
-            rng: crate::device::CHECK_RNG,
+        let name = format!(
+            "{:<13} {:<4} d{:<3} packed seq {bi} of {b} ({sq}x{sk}) h{hq}/{hkv}",
+            spec.name,
+            spec.dtype.name(),
+            spec.head_dim_qk
+        );
+        let keys = (
+            kv[k0 * hkv * dq..][..sk * hkv * dq].to_vec(),
+            vv[k0 * hkv * dv..][..sk * hkv * dv].to_vec(),
+        );
+        let rows = PackedRows {
+            qv: &qv,
+            o: &o,
+            l: &l,
+            total_q: tq,
+            heads: (hq, hkv),
         };
-        let ob: Vec<f64> = o[q0 * hq * dv..][..sq * hq * dv]
-            .iter()
-            .map(|&x| spec.dtype.from_bits(x))
-            .collect();
-        // The packed LSE is [heads_q, total_q]; the reference's [1, heads_q, seq_q].
-        let lb: Vec<f64> = (0..hq)
-            .flat_map(|h| l[h * tq + q0..][..sq].iter().map(|&x| x as f64))
-            .collect();
-        out.push(CaseResult {
-            name: format!(
-                "{:<13} {:<4} d{:<3} packed seq {bi} of {b} ({sq}x{sk}) h{hq}/{hkv}",
-                spec.name,
-                spec.dtype.name(),
-                spec.head_dim_qk
-            ),
-            problem,
-            spec: spec.clone(),
-            runs: vec![(format!("{fam:?}"), Ok((ob, lb, 0)))],
-        });
+        out.push(sequence_case(
+            name,
+            format!("{fam:?}"),
+            spec,
+            &params,
+            &rows,
+            (q0, sq),
+            keys,
+        ));
     }
     Ok((out, stray))
+}
+
+/// A packed launch's inputs and outputs, from which each sequence's case is cut.
+struct PackedRows<'a> {
+    /// Q's values, `[total_q, heads_q, d]`.
+    qv: &'a [f64],
+    /// O as the kernel wrote it, `[total_q, heads_q, dv]` (and any padding after).
+    o: &'a [u16],
+    /// The LSE, `[heads_q, total_q]`.
+    l: &'a [f32],
+    total_q: usize,
+    heads: (usize, usize),
+}
+
+/// The case of one sequence of a packed launch: its `sq` queries from packed row `q0`, its keys
+/// and values (`[sk, heads_kv, d]`), its params cut to its own `seq` extent, and its rows of the
+/// packed O and LSE as the run of `run`.
+fn sequence_case(
+    name: String,
+    run: String,
+    spec: &VariantSpec,
+    params: &flash_dsl::eval::ParamValues,
+    rows: &PackedRows<'_>,
+    (q0, sq): (usize, usize),
+    (k, v): (Vec<f64>, Vec<f64>),
+) -> CaseResult {
+    let (hq, hkv) = rows.heads;
+    let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+    let sk = k.len() / (hkv * dq).max(1);
+    let problem = Problem {
+        batch: 1,
+        heads_q: hq,
+        heads_kv: hkv,
+        seq_q: sq,
+        seq_k: sk,
+        q: rows.qv[q0 * hq * dq..][..sq * hq * dq].to_vec(),
+        k,
+        v,
+        params: seq_params(spec, params, sq.max(sk)),
+        rng: crate::device::CHECK_RNG,
+    };
+    let ob: Vec<f64> = rows.o[q0 * hq * dv..][..sq * hq * dv]
+        .iter()
+        .map(|&x| spec.dtype.from_bits(x))
+        .collect();
+    // The packed LSE is [heads_q, total_q]; the reference's [1, heads_q, seq_q].
+    let lb: Vec<f64> = (0..hq)
+        .flat_map(|h| {
+            rows.l[h * rows.total_q + q0..][..sq]
+                .iter()
+                .map(|&x| x as f64)
+        })
+        .collect();
+    CaseResult {
+        name,
+        problem,
+        spec: spec.clone(),
+        runs: vec![(run, Ok((ob, lb, 0)))],
+    }
 }
 
 /// Document lengths drawn uniformly from 128…4096 until 16k tokens (the last one cut to fit,
@@ -353,7 +407,6 @@ pub fn timing_varlen(
 /// failures).
 pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
     use flash_dsl::plan::splitkv::splitkv_unsupported;
-    use flash_runtime::{PackedQueries, PagedKv};
     let (mut n, mut fails) = (0, 0);
     let lens_q = [0usize, 1, 17, 33, 64];
     let lens_k = [0usize, 1, 77, 1000, 4097];
@@ -363,13 +416,12 @@ pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
     for spec in specs.iter().filter(|s| splitkv_unsupported(s).is_none()) {
         for d in [64u32, 128] {
             let spec = with(spec, d, spec.dtype);
-            let (dq, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
+            let dq = spec.head_dim_qk as usize;
             for (ps, splits) in [(16usize, None), (64, Some(3)), (24, None)] {
                 seed += 1;
                 let mut rng = Rng(seed);
                 let b = lens_q.len();
-                let max_pages = lens_k.iter().max().unwrap().div_ceil(ps) + 1;
-                let cap = max_pages * ps;
+                let cap = crate::decode::PagedCache::max_pages(&lens_k, ps) * ps;
                 let mq = *lens_q.iter().max().unwrap();
                 let params = random_params(
                     &spec,
@@ -383,67 +435,14 @@ pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                 );
                 let tq: usize = lens_q.iter().sum();
                 let (qb, qv) = draw(&mut rng, tq * hq * dq, spec.dtype);
-                let mut kr = Vec::new();
-                let mut vr = Vec::new();
-                for &len in &lens_k {
-                    kr.push(draw(&mut rng, len * hkv * dq, spec.dtype));
-                    vr.push(draw(&mut rng, len * hkv * dv, spec.dtype));
-                }
-                let kbits: Vec<Vec<u16>> = kr.iter().map(|x| x.0.clone()).collect();
-                let vbits: Vec<Vec<u16>> = vr.iter().map(|x| x.0.clone()).collect();
-                let shuffle = rng.below(1 << 40);
-                let (kc, table, pages) =
-                    crate::decode::page_out(&kbits, hkv * dq, ps, max_pages, &mut Rng(shuffle));
-                let (vc, _, _) =
-                    crate::decode::page_out(&vbits, hkv * dv, ps, max_pages, &mut Rng(shuffle));
+                let cache = crate::decode::PagedCache::random(&mut rng, &spec, &lens_k, hkv, ps);
                 let cq = offsets(&lens_q);
                 let label = format!(
                     "{:<13} {:<4} d{d:<3} chunked paged{ps:<2} h{hq}/{hkv}",
                     spec.name,
                     spec.dtype.name()
                 );
-                let run = || -> Result<(Vec<u16>, Vec<f32>, usize), FlashError> {
-                    let st = rt.stream();
-                    let drv = |e| FlashError::Driver(format!("chunked buffers: {e:?}"));
-                    let dq_ = st.clone_htod(&qb).map_err(drv)?;
-                    let dk = st.clone_htod(&kc).map_err(drv)?;
-                    let dvv = st.clone_htod(&vc).map_err(drv)?;
-                    let dt = st.clone_htod(&table).map_err(drv)?;
-                    let lens32: Vec<i32> = lens_k.iter().map(|&l| l as i32).collect();
-                    let dl = st.clone_htod(&lens32).map_err(drv)?;
-                    let dcq = st.clone_htod(&cq).map_err(drv)?;
-                    let mut o = st
-                        .clone_htod(&vec![nan_bits(spec.dtype); tq * hq * dv])
-                        .map_err(drv)?;
-                    let mut l = st.clone_htod(&vec![f32::NAN; hq * tq]).map_err(drv)?;
-                    let dp = upload_params(rt, &params)?;
-                    let args = param_args(rt, &spec, &params, &dp);
-                    let kernel = rt.load_paged_varlen(&spec, None)?;
-                    let kv = PagedKv {
-                        k: TensorRef::new(&dk, [pages, ps, hkv, dq], st),
-                        v: TensorRef::new(&dvv, [pages, ps, hkv, dv], st),
-                        page_table: &dt,
-                        max_pages,
-                        seqlens_k: &dl,
-                        host: Some((&table, &lens32)),
-                    };
-                    let queries = PackedQueries {
-                        cu_seqlens_q: &dcq,
-                        host: &cq,
-                    };
-                    let q = TensorRef::new(&dq_, [1, tq, hq, dq], st);
-                    let mut to = TensorMut::new(&mut o, [1, tq, hq, dv], st);
-                    let mut tl = LseMut::new(&mut l, st);
-                    let used = rt.forward_paged_varlen(
-                        &kernel, &q, &queries, &kv, &mut to, &mut tl, &args, splits,
-                    )?;
-                    rt.synchronize()?;
-                    Ok((
-                        st.clone_dtoh(&o).map_err(drv)?,
-                        st.clone_dtoh(&l).map_err(drv)?,
-                        used,
-                    ))
-                };
+                let run = || cache.run(rt, &spec, &qb, [1, tq, hq, dq], Some(&cq), &params, splits);
                 match run() {
                     Err(e) => {
                         n += 1;
@@ -451,33 +450,26 @@ pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                         println!("FAIL {label} error: {e}");
                     }
                     Ok((o, l, used)) => {
+                        let rows = PackedRows {
+                            qv: &qv,
+                            o: &o,
+                            l: &l,
+                            total_q: tq,
+                            heads: (hq, hkv),
+                        };
                         for bi in 0..b {
                             let (sq, sk, q0) = (lens_q[bi], lens_k[bi], cq[bi] as usize);
-                            let problem = Problem {
-                                batch: 1,
-                                heads_q: hq,
-                                heads_kv: hkv,
-                                seq_q: sq,
-                                seq_k: sk,
-                                q: qv[q0 * hq * dq..][..sq * hq * dq].to_vec(),
-                                k: kr[bi].1.clone(),
-                                v: vr[bi].1.clone(),
-                                params: seq_params(&spec, &params, sq.max(sk)),
-                                rng: crate::device::CHECK_RNG,
-                            };
-                            let ob: Vec<f64> = o[q0 * hq * dv..][..sq * hq * dv]
-                                .iter()
-                                .map(|&x| spec.dtype.from_bits(x))
-                                .collect();
-                            let lb: Vec<f64> = (0..hq)
-                                .flat_map(|h| l[h * tq + q0..][..sq].iter().map(|&x| x as f64))
-                                .collect();
-                            cases.push(CaseResult {
-                                name: format!("{label} seq {bi} ({sq} new of {sk}) splits {used}"),
-                                problem,
-                                spec: spec.clone(),
-                                runs: vec![("chunked".into(), Ok((ob, lb, 0)))],
-                            });
+                            let name = format!("{label} seq {bi} ({sq} new of {sk}) splits {used}");
+                            let keys = (cache.k_rows[bi].1.clone(), cache.v_rows[bi].1.clone());
+                            cases.push(sequence_case(
+                                name,
+                                "chunked".into(),
+                                &spec,
+                                &params,
+                                &rows,
+                                (q0, sq),
+                                keys,
+                            ));
                         }
                     }
                 }
