@@ -482,6 +482,55 @@ mod tests {
     }
 
     #[test]
+    fn the_p_cast_attention_is_the_reference_attention_when_p_is_exact() {
+        use crate::model::reference::{forward, Problem};
+        let (n, h, d) = (37usize, 2usize, 16usize);
+        let spec = crate::parse::parse_str("Dense { head_dim: 16, dtype: bf16 }")
+            .unwrap()
+            .remove(0);
+        let len = n * h * d;
+        let (q, k, v) = (
+            attention_inputs(len, true, 4),
+            attention_inputs(len, true, 5),
+            attention_inputs(len, true, 6),
+        );
+        let problem = Problem {
+            batch: 1,
+            heads_q: h,
+            heads_kv: h,
+            seq_q: n,
+            seq_k: n,
+            q: q.clone(),
+            k: k.clone(),
+            v: v.clone(),
+            params: crate::eval::ParamValues::none(),
+            rng: Default::default(),
+        };
+        let want = forward(&spec, &problem).o;
+        let got = attention_p_cast((&q, &k, &v), [1, n, h, d], n, d, PCast::Exact);
+        let diff = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(diff < 1e-12, "{diff}");
+        // P in e4m3 moves O, by at most a few e4m3 steps of P's share.
+        let cast = attention_p_cast(
+            (&q, &k, &v),
+            [1, n, h, d],
+            n,
+            d,
+            PCast::E4m3 { scale: 256.0 },
+        );
+        let moved = got
+            .iter()
+            .zip(&cast)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(moved > 0.0 && moved < 0.5, "{moved}");
+    }
+
+    #[test]
     fn rotation_lowers_the_error_of_attention_on_outlier_inputs() {
         // The accuracy table's headline (examples/examples/04_fp8_accuracy.rs has the whole table):
         // on inputs with outliers, block scales with the Hadamard rotation give O a lower RMSE
@@ -613,4 +662,69 @@ pub fn quantize_qkv(
     let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
     let dq = |x: &[f64], shape| quantize(&f32s(x), shape, scheme.scaling, format).dequantize();
     (dq(&q, shape_q), dq(&k, shape_k), dq(v, shape_k))
+}
+
+/// How an FP8 kernel's second product sees P: exact (the input quantisation alone), or each
+/// probability scaled by `scale`, rounded to e4m3 and scaled back (a power of two keeps the
+/// scaling exact; 256 moves the smallest probabilities that matter out of e4m3's subnormals).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PCast {
+    /// P stays in float64.
+    Exact,
+    /// P is rounded to e4m3 after multiplying by this scale.
+    E4m3 {
+        /// The scale applied before the rounding (1 or a power of two).
+        scale: f64,
+    },
+}
+
+/// Dense attention in float64 (`[batch, seq, heads, d]` inputs, MHA, scale 1/√d), with P cast as
+/// `p_cast` says: probabilities relative to each row's final maximum (the best case of an online
+/// softmax, whose running maximum only grows), the row sums from the unrounded probabilities as
+/// a kernel accumulates them in fp32. Returns O `[batch, seq_q, heads, dv]`.
+pub fn attention_p_cast(
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    [b, sq, h, d]: [usize; 4],
+    sk: usize,
+    dv: usize,
+    p_cast: PCast,
+) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut o = vec![0f64; b * sq * h * dv];
+    let mut s = vec![0f64; sk];
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..sq {
+                let qr = &q[((bi * sq + i) * h + hi) * d..][..d];
+                let mut m = f64::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let kr = &k[((bi * sk + j) * h + hi) * d..][..d];
+                    *sj = scale * qr.iter().zip(kr).map(|(x, y)| x * y).sum::<f64>();
+                    m = m.max(*sj);
+                }
+                let mut l = 0.0;
+                let out = &mut o[((bi * sq + i) * h + hi) * dv..][..dv];
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = (sj - m).exp();
+                    l += p;
+                    let pc = match p_cast {
+                        PCast::Exact => p,
+                        PCast::E4m3 { scale } => {
+                            Fp8Format::E4m3.decode(Fp8Format::E4m3.encode((p * scale) as f32))
+                                as f64
+                                / scale
+                        }
+                    };
+                    let vr = &v[((bi * sk + j) * h + hi) * dv..][..dv];
+                    for (acc, x) in out.iter_mut().zip(vr) {
+                        *acc += pc * x;
+                    }
+                }
+                for acc in out.iter_mut() {
+                    *acc /= l;
+                }
+            }
+        }
+    }
+    o
 }
