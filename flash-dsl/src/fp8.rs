@@ -354,6 +354,37 @@ pub fn hadamard_rotate(x: &mut [f64], signs: &[f64]) {
     }
 }
 
+/// [`hadamard_rotate`] in f32, operation for operation as the quantisation kernel does it (each
+/// value times its sign, the butterflies stage by stage, then times `norm`, every step rounded to
+/// f32), so that the kernel's codes can be checked bit for bit.
+pub fn hadamard_rotate_f32(x: &mut [f32], signs: &[f32], norm: f32) {
+    let d = signs.len();
+    assert!(
+        d.is_power_of_two(),
+        "the Hadamard rotation needs a power-of-two head dim; got {d}"
+    );
+    assert_eq!(x.len() % d, 0, "rows of {d} values");
+    for row in x.chunks_mut(d) {
+        for (v, s) in row.iter_mut().zip(signs) {
+            *v *= s;
+        }
+        let mut len = 1;
+        while len < d {
+            for i in (0..d).step_by(2 * len) {
+                for j in i..i + len {
+                    let (a, b) = (row[j], row[j + len]);
+                    row[j] = a + b;
+                    row[j + len] = a - b;
+                }
+            }
+            len *= 2;
+        }
+        for v in row.iter_mut() {
+            *v *= norm;
+        }
+    }
+}
+
 /// Subtracts from K (`[batch, seq, heads, d]`) its mean over the keys of each (batch, head) and
 /// returns the means (`[batch, heads, d]`): the softmax of every query row is unchanged.
 pub fn smooth_keys(k: &mut [f64], shape: [usize; 4]) -> Vec<f64> {
@@ -528,6 +559,24 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
         assert!(moved > 0.0 && moved < 0.5, "{moved}");
+    }
+
+    #[test]
+    fn the_f32_rotation_is_the_f64_one_rounded() {
+        for d in [64usize, 128, 256] {
+            let signs = random_signs(d, d as u64);
+            let x: Vec<f64> = attention_inputs(3 * d, true, 1);
+            let (mut a, mut b) = (x.clone(), x.iter().map(|&v| v as f32).collect::<Vec<f32>>());
+            hadamard_rotate(&mut a, &signs);
+            let s32: Vec<f32> = signs.iter().map(|&s| s as f32).collect();
+            hadamard_rotate_f32(&mut b, &s32, (1.0 / (d as f64).sqrt()) as f32);
+            for (u, v) in a.iter().zip(&b) {
+                assert!(
+                    (u - *v as f64).abs() <= 1e-5 * (1.0 + u.abs()),
+                    "d{d}: {u} vs {v}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -245,3 +245,43 @@ fn varlen_kernels_compile_without_spills() {
     }
     assert!(spilled.is_empty(), "packed kernels spill: {spilled:?}");
 }
+
+/// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, blocks of
+/// 64 and 128 rows, with and without the Hadamard rotation) compile for sm_90a without spills.
+#[test]
+fn quantisation_kernels_compile_without_spills() {
+    use flash_dsl::fp8::Fp8Format;
+    use flash_dsl::plan::quantize::{plan_quantize, QuantSpec};
+    if !common::have_nvrtc("quantisation_kernels_compile_without_spills") {
+        return;
+    }
+    let mut jobs = vec![];
+    for input in [DType::Bf16, DType::F16] {
+        for head_dim in [64, 128, 256] {
+            for block_rows in [64, 128] {
+                for hadamard in [false, true] {
+                    let q = QuantSpec {
+                        input,
+                        head_dim,
+                        format: Fp8Format::E4m3,
+                        block_rows,
+                        hadamard,
+                    };
+                    jobs.push(plan_quantize(&q).unwrap());
+                }
+            }
+        }
+    }
+    let rows = common::par_map(&jobs, |p| {
+        let k = compile(&emit(p), &CompileOptions::new("sm_90a"))
+            .unwrap_or_else(|e| panic!("{}: {e}", p.kernel_name));
+        (p.kernel_name.clone(), k.resources)
+    });
+    for (name, r) in &rows {
+        println!(
+            "{name:<44} {:>4} regs {:>4}/{:<4} spill",
+            r.registers, r.spill_stores, r.spill_loads
+        );
+        assert!(!r.spills(), "{name} spills");
+    }
+}

@@ -75,6 +75,7 @@ pub fn skeleton(kind: KernelKind, family: KernelFamily) -> &'static str {
             include_str!("../../templates/block_map/generic.cu.hbs")
         }
         // Plain mma.sync: any GPU from sm_80.
+        (KernelKind::Quantize, _) => include_str!("../../templates/quantize/generic.cu.hbs"),
         (KernelKind::SplitKv | KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen, _) => {
             include_str!("../../templates/splitkv/generic.cu.hbs")
         }
@@ -167,6 +168,12 @@ struct Context {
     varlen: bool,
     /// K and V are packed sequences found through `cu_seqlens_k`.
     varlen_k: bool,
+    /// The quantisation kernel: rotate first; the PTX fp8 type; its largest finite value; the
+    /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
+    quant_hadamard: bool,
+    quant_type: String,
+    quant_max: String,
+    quant_norm: String,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -378,6 +385,19 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
         ),
         varlen_k: plan.kind == KernelKind::ForwardVarlen,
+        quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
+        quant_type: plan
+            .quant
+            .map(|q| q.format.name().to_string())
+            .unwrap_or_default(),
+        quant_max: plan
+            .quant
+            .map(|q| format!("{:?}", q.format.max()))
+            .unwrap_or_default(),
+        quant_norm: plan
+            .quant
+            .map(|q| format!("{:e}", q.hadamard_norm()))
+            .unwrap_or_default(),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, mma_type))

@@ -39,7 +39,8 @@ pub fn hopper_wgmmas(plan: &KernelPlan) -> Vec<Wgmma> {
         | KernelKind::BlockMapKeys
         | KernelKind::SplitKv
         | KernelKind::SplitKvPaged
-        | KernelKind::SplitKvPagedVarlen => Vec::new(),
+        | KernelKind::SplitKvPagedVarlen
+        | KernelKind::Quantize => Vec::new(),
         KernelKind::Forward | KernelKind::ForwardVarlen => vec![
             Wgmma {
                 name: "wgmma_s",

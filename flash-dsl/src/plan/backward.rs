@@ -279,6 +279,7 @@ fn rows_plan(
         kernel_name: det_name(kernel_name(kind, spec, &config), deterministic),
         deterministic,
         block_map: None,
+        quant: None,
     })
 }
 
@@ -420,6 +421,7 @@ pub fn plan_backward_main_with(
         ),
         deterministic,
         block_map,
+        quant: None,
     })
 }
 

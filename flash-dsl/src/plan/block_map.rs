@@ -207,6 +207,7 @@ pub fn plan_block_map(spec: &VariantSpec, map: BlockMapPlan) -> Result<KernelPla
         kernel_name: kernel_name(kind, spec, &config),
         deterministic: false,
         block_map: Some(map),
+        quant: None,
     })
 }
 

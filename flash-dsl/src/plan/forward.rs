@@ -133,5 +133,6 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),
         deterministic: false,
         block_map,
+        quant: None,
     })
 }

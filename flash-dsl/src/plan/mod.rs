@@ -21,6 +21,7 @@ pub mod classify;
 pub mod forward;
 pub mod mask;
 pub mod operand;
+pub mod quantize;
 pub mod splitkv;
 pub mod tile;
 pub mod varlen;
@@ -76,6 +77,8 @@ pub enum KernelKind {
     /// [`KernelKind::SplitKvPaged`] with packed queries (chunked prefill): Q, O and the LSE
     /// packed as in [`KernelKind::ForwardVarlen`], K and V in a paged cache.
     SplitKvPagedVarlen,
+    /// FP8 block quantisation of a bf16/f16 tensor (see [`quantize`]).
+    Quantize,
 }
 
 impl KernelKind {
@@ -83,6 +86,7 @@ impl KernelKind {
     pub fn name(self) -> &'static str {
         match self {
             KernelKind::Forward | KernelKind::ForwardVarlen => "forward",
+            KernelKind::Quantize => "quantize",
             KernelKind::BackwardPre => "backward_pre",
             KernelKind::BackwardMain => "backward",
             KernelKind::DqConvert => "dq_convert",
@@ -105,6 +109,7 @@ impl KernelKind {
             KernelKind::SplitKvPaged => "skvp",
             KernelKind::ForwardVarlen => "fwdv",
             KernelKind::SplitKvPagedVarlen => "skvpv",
+            KernelKind::Quantize => "quant",
         }
     }
 }
@@ -136,6 +141,9 @@ pub struct KernelPlan {
     /// (the build kernels); see [`block_map`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_map: Option<BlockMapPlan>,
+    /// The quantisation kernel's configuration (its kind only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<quantize::QuantSpec>,
 }
 
 impl KernelPlan {

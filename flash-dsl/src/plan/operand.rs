@@ -20,6 +20,8 @@ pub enum OperandType {
     F32,
     /// 32-bit signed integer (block maps, the persistent kernel's work counter).
     I32,
+    /// 8-bit float codes (see `crate::fp8`), their scales in a separate f32 operand.
+    Fp8(crate::fp8::Fp8Format),
 }
 
 impl OperandType {
@@ -28,6 +30,7 @@ impl OperandType {
         match self {
             OperandType::Storage(d) => d.size() as u32,
             OperandType::F32 | OperandType::I32 => 4,
+            OperandType::Fp8(_) => 1,
         }
     }
     /// Short name for messages and bindings: the dtype's name for storage, else `f32` / `i32`.
@@ -36,6 +39,7 @@ impl OperandType {
             OperandType::Storage(d) => d.name(),
             OperandType::F32 => "f32",
             OperandType::I32 => "i32",
+            OperandType::Fp8(f) => f.name(),
         }
     }
     /// The C++ element type of the operand's pointer in the argument struct (storage types are
@@ -48,6 +52,7 @@ impl OperandType {
             },
             OperandType::F32 => "float",
             OperandType::I32 => "int",
+            OperandType::Fp8(_) => "unsigned char",
         }
     }
 }
@@ -93,11 +98,14 @@ pub enum Extent {
     /// Entries of a packed batch's cumulative offsets (`cu_seqlens_q`, `cu_seqlens_k`):
     /// `batch + 1`.
     CuLen,
+    /// Blocks of rows with one scale each, per (batch, head), of a block-quantised tensor:
+    /// `ceil(seq / block_rows)`.
+    ScaleBlocks,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 16] = [
+    pub const ALL: [Extent; 17] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -114,6 +122,7 @@ impl Extent {
         Extent::TotalQ,
         Extent::TotalK,
         Extent::CuLen,
+        Extent::ScaleBlocks,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -134,6 +143,7 @@ impl Extent {
             Extent::TotalQ => "total_q",
             Extent::TotalK => "total_k",
             Extent::CuLen => "cu_seqlens_len",
+            Extent::ScaleBlocks => "scale_blocks",
         }
     }
     /// The value the spec fixes, for head dims.

@@ -262,6 +262,7 @@ fn plan_splitkv_kind(
         kernel_name: kernel_name(kind, spec, &config),
         deterministic: false,
         block_map: None,
+        quant: None,
     })
 }
 

@@ -196,6 +196,9 @@ pub enum PlanError {
     /// The variant has no split-KV kernel (the reason says why; the forward kernel runs it).
     #[error("no split-KV kernel: {0}")]
     SplitKvVariant(&'static str),
+    /// A quantisation kernel's configuration breaks a rule; the message names the value.
+    #[error("quantisation kernel: {0}")]
+    Quantize(String),
     /// The variant has no packed (variable-length) kernel; the reason says why.
     #[error("no packed (variable-length) kernel: {0}")]
     VarlenVariant(&'static str),

@@ -43,6 +43,7 @@ pub mod backward;
 pub mod block_map;
 pub mod check;
 pub mod pack;
+pub mod quantize;
 pub mod splitkv;
 pub mod tensor;
 pub mod varlen;

@@ -24,6 +24,8 @@ pub enum ElemType {
     /// int32: block maps, the deterministic backward's semaphores and the persistent kernels'
     /// work counter.
     I32,
+    /// Bytes (`CudaSlice<u8>`): fp8 codes, of any fp8 format.
+    U8,
 }
 
 impl ElemType {
@@ -47,7 +49,8 @@ impl ElemType {
             (ElemType::Bf16, OperandType::Storage(DType::Bf16))
             | (ElemType::F16, OperandType::Storage(DType::F16))
             | (ElemType::F32, OperandType::F32)
-            | (ElemType::I32, OperandType::I32) => true,
+            | (ElemType::I32, OperandType::I32)
+            | (ElemType::U8, OperandType::Fp8(_)) => true,
             _ => false,
         }
     }
@@ -56,9 +59,10 @@ impl ElemType {
         match self {
             ElemType::Bf16 | ElemType::F16 | ElemType::Bits16 => 2,
             ElemType::F32 | ElemType::I32 => 4,
+            ElemType::U8 => 1,
         }
     }
-    /// The short name error messages use (`bf16`, `f16`, `u16`, `f32`, `i32`).
+    /// The short name error messages use (`bf16`, `f16`, `u16`, `f32`, `i32`, `u8`).
     pub fn name(self) -> &'static str {
         match self {
             ElemType::Bf16 => "bf16",
@@ -66,6 +70,7 @@ impl ElemType {
             ElemType::Bits16 => "u16",
             ElemType::F32 => "f32",
             ElemType::I32 => "i32",
+            ElemType::U8 => "u8",
         }
     }
 }

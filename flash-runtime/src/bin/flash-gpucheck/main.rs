@@ -1,7 +1,7 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--decode-only | --decode-sweep] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--json OUT.json]
 //! ```
 //!
 //! **Decode** (with the forward's timings, or alone with `--decode-only`, or `--decode-sweep`
@@ -17,6 +17,11 @@
 //! then chunked prefill (packed queries against a paged cache, the split-KV kernel); with
 //! timing, the prefill of packed documents (16k tokens, lengths 128…4096) against the same
 //! tokens as dense batches. See `varlen.rs`.
+//!
+//! **FP8** (`--fp8-only`): the quantisation kernel (e4m3, blocks of 64 and 128 rows, with and
+//! without the Hadamard rotation, bf16 and f16 inputs with outliers) against the host model of
+//! `flash_dsl::fp8`, every code and scale bit for bit; with timing, its bandwidth. See
+//! `fp8check.rs`.
 //!
 //! **Block maps** (`--maps`, or `--maps-only` for nothing else): the maps the GPU builds for
 //! masks that read tensors, word for word against the host's brute-force classification, over
@@ -58,6 +63,7 @@ mod cases;
 mod decode;
 mod device;
 mod dropout;
+mod fp8check;
 mod judge;
 mod timing;
 mod variants;
@@ -166,6 +172,7 @@ fn main() -> ExitCode {
     let mut do_drop = false;
     let mut do_maps = false;
     let mut do_varlen = false;
+    let mut do_fp8 = false;
     // Decode timing runs with the forward's timings; `--decode-only` runs it alone after the
     // paged KV check, `--decode-sweep` too with a sweep of split-KV tiles.
     let mut decode_only = false;
@@ -198,6 +205,11 @@ fn main() -> ExitCode {
                 do_fwd = false;
                 do_bwd = false;
             }
+            "--fp8-only" => {
+                do_fp8 = true;
+                do_fwd = false;
+                do_bwd = false;
+            }
             "--varlen" => do_varlen = true,
             "--varlen-only" => {
                 do_varlen = true;
@@ -212,7 +224,7 @@ fn main() -> ExitCode {
             }
             "--json" => json_out = args.next().map(PathBuf::from),
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--decode-only | --decode-sweep] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -343,6 +355,14 @@ fn main() -> ExitCode {
         );
         failed |= fails > 0;
     }
+    if do_fp8 && do_check {
+        let (n, fails) = fp8check::check_quantize(&rt);
+        println!(
+            "# fp8 quantisation: {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
+    }
     if do_varlen && do_check {
         let families: Vec<KernelFamily> =
             [KernelFamily::Sm90Ws, KernelFamily::Sm90, KernelFamily::Sm80]
@@ -379,6 +399,12 @@ fn main() -> ExitCode {
         if do_maps {
             if let Err(e) = document.and_then(|doc| blockmap::timing_maps(&rt, &doc, &mut rows)) {
                 println!("# block-map timing failed: {e}");
+                failed = true;
+            }
+        }
+        if do_fp8 {
+            if let Err(e) = fp8check::timing_quantize(&rt, &mut rows) {
+                println!("# quantisation timing failed: {e}");
                 failed = true;
             }
         }
