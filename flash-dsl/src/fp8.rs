@@ -300,6 +300,59 @@ impl Quantized {
     }
 }
 
+/// The position, inside its group of 32, at which an fp8 P·V product wants key `c % 32` of V.
+///
+/// The first product leaves thread `t` of a quad (`t = lane % 4`) holding, for each of the four
+/// 8-column tiles `j` of a 32-key chunk, columns `8j + 2t` and `8j + 2t + 1` of P; an 8-bit A
+/// operand wants thread `t` to hold columns `4t … 4t + 3` and `16 + 4t … 16 + 4t + 3`. Rather than
+/// exchange bytes between threads, the keys are renumbered: the thread's eight columns, in
+/// register order, become its eight A positions, and V is stored in the same order (the product
+/// sums over keys, so any order used by both operands gives the same O). The A layout assumed is
+/// `mma.sync.m16n8k32`'s for 8-bit types, which a warp's slice of a wgmma register operand
+/// follows; no FP8 attention kernel uses it yet, and its GPU check is what will confirm it.
+///
+/// ```
+/// use flash_dsl::fp8::mma_key_order;
+///
+/// // Thread 1 holds columns 2, 3, 10, 11, 18, 19, 26, 27: they become positions 4…7, 20…23.
+/// let got: Vec<usize> = [2, 3, 10, 11, 18, 19, 26, 27].iter().map(|&c| mma_key_order(c)).collect();
+/// assert_eq!(got, [4, 5, 6, 7, 20, 21, 22, 23]);
+/// // A permutation of each group of 32.
+/// let mut all: Vec<usize> = (0..32).map(mma_key_order).collect();
+/// all.sort();
+/// assert_eq!(all, (0..32).collect::<Vec<_>>());
+/// assert_eq!(mma_key_order(32 + 2), 32 + 4);
+/// ```
+pub fn mma_key_order(c: usize) -> usize {
+    let (group, cc) = (c / 32 * 32, c % 32);
+    let (j, t, i) = (cc / 8, (cc % 8) / 2, cc % 2);
+    group
+        + if j < 2 {
+            4 * t + 2 * j + i
+        } else {
+            16 + 4 * t + 2 * (j - 2) + i
+        }
+}
+
+/// Codes `[batch, seq, heads, d]` (row-major) as the transposed V of an fp8 P·V product:
+/// `[batch, heads, d, seq_padded]`, `seq_padded` the sequence rounded up to whole blocks of
+/// `block_rows` (padding zeros), positions reordered by [`mma_key_order`].
+pub fn transpose_for_pv(codes: &[u8], [b, s, h, d]: [usize; 4], block_rows: usize) -> Vec<u8> {
+    let sp = s.div_ceil(block_rows.max(1)) * block_rows.max(1);
+    let mut out = vec![0u8; b * h * d * sp];
+    for bi in 0..b {
+        for pos in 0..s {
+            for hi in 0..h {
+                for c in 0..d {
+                    out[((bi * h + hi) * d + c) * sp + mma_key_order(pos)] =
+                        codes[((bi * s + pos) * h + hi) * d + c];
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `d` random signs (±1) from `seed`: the diagonal of incoherent processing's rotation.
 pub fn random_signs(d: usize, seed: u64) -> Vec<f64> {
     let mut rng = SplitMix(seed);

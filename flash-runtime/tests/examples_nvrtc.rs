@@ -247,7 +247,7 @@ fn varlen_kernels_compile_without_spills() {
 }
 
 /// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, blocks of
-/// 64 and 128 rows, with and without the Hadamard rotation) compile for sm_90a without spills.
+/// 64 and 128 rows; plain, rotated, and transposed for P·V) compile for sm_90a without spills.
 #[test]
 fn quantisation_kernels_compile_without_spills() {
     use flash_dsl::fp8::Fp8Format;
@@ -259,13 +259,14 @@ fn quantisation_kernels_compile_without_spills() {
     for input in [DType::Bf16, DType::F16] {
         for head_dim in [64, 128, 256] {
             for block_rows in [64, 128] {
-                for hadamard in [false, true] {
+                for (hadamard, transpose) in [(false, false), (true, false), (false, true)] {
                     let q = QuantSpec {
                         input,
                         head_dim,
                         format: Fp8Format::E4m3,
                         block_rows,
                         hadamard,
+                        transpose,
                     };
                     jobs.push(plan_quantize(&q).unwrap());
                 }

@@ -168,9 +168,10 @@ struct Context {
     varlen: bool,
     /// K and V are packed sequences found through `cu_seqlens_k`.
     varlen_k: bool,
-    /// The quantisation kernel: rotate first; the PTX fp8 type; its largest finite value; the
+    /// The quantisation kernel: rotate first; write V transposed for P·V; the PTX fp8 type; its largest finite value; the
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
     quant_hadamard: bool,
+    quant_transpose: bool,
     quant_type: String,
     quant_max: String,
     quant_norm: String,
@@ -386,6 +387,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         ),
         varlen_k: plan.kind == KernelKind::ForwardVarlen,
         quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
+        quant_transpose: plan.quant.is_some_and(|q| q.transpose),
         quant_type: plan
             .quant
             .map(|q| q.format.name().to_string())

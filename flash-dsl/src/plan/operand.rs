@@ -101,11 +101,14 @@ pub enum Extent {
     /// Blocks of rows with one scale each, per (batch, head), of a block-quantised tensor:
     /// `ceil(seq / block_rows)`.
     ScaleBlocks,
+    /// Positions of a transposed fp8 V, `ceil(seq / block_rows) · block_rows` (whole blocks, the
+    /// padding zeros).
+    SeqPadded,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 17] = [
+    pub const ALL: [Extent; 18] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -123,6 +126,7 @@ impl Extent {
         Extent::TotalK,
         Extent::CuLen,
         Extent::ScaleBlocks,
+        Extent::SeqPadded,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -144,6 +148,7 @@ impl Extent {
             Extent::TotalK => "total_k",
             Extent::CuLen => "cu_seqlens_len",
             Extent::ScaleBlocks => "scale_blocks",
+            Extent::SeqPadded => "seq_padded",
         }
     }
     /// The value the spec fixes, for head dims.

@@ -37,6 +37,11 @@ pub struct QuantSpec {
     pub block_rows: u32,
     /// Rotate each row by the random Hadamard matrix first (signs from the `signs` operand).
     pub hadamard: bool,
+    /// Write the codes transposed, `[batch, heads, d, seq_padded]` with the positions of each
+    /// group of 32 permuted by [`crate::fp8::mma_key_order`]: V as an fp8 P·V product reads it
+    /// (keys contiguous, in the order the probabilities sit in the first product's registers).
+    #[serde(default)]
+    pub transpose: bool,
 }
 
 /// The input tensor.
@@ -88,8 +93,8 @@ impl QuantSpec {
             self.input.name(),
             self.head_dim,
             self.block_rows,
-            if self.hadamard { "_had" } else { "" }
-        )
+            if self.hadamard { "_had" } else { "" },
+        ) + if self.transpose { "_t" } else { "" }
     }
 
     /// The f32 normalisation of the rotation, `1/√d` rounded to f32 (the host model uses the
@@ -106,7 +111,14 @@ impl QuantSpec {
 /// use flash_dsl::plan::quantize::{plan_quantize, QuantSpec};
 /// use flash_dsl::DType;
 ///
-/// let q = QuantSpec { input: DType::Bf16, head_dim: 128, format: Fp8Format::E4m3, block_rows: 128, hadamard: true };
+/// let q = QuantSpec {
+///     input: DType::Bf16,
+///     head_dim: 128,
+///     format: Fp8Format::E4m3,
+///     block_rows: 128,
+///     hadamard: true,
+///     transpose: false,
+/// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
 /// assert_eq!(p.smem_bytes(), 128 * 128 * 4);
@@ -129,9 +141,10 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     // quantiser's stands for its input and names what else differs.
     let spec = VariantSpec {
         name: format!(
-            "quantize_{}{}",
+            "quantize_{}{}{}",
             q.format.name(),
-            if q.hadamard { "_had" } else { "" }
+            if q.hadamard { "_had" } else { "" },
+            if q.transpose { "_t" } else { "" }
         ),
         doc: String::new(),
         head_dim_qk: q.head_dim,
@@ -156,7 +169,11 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             CODES_OPERAND,
             Role::Output,
             OperandType::Fp8(q.format),
-            &[Batch, SeqQ, HeadsQ, HeadDimQk],
+            if q.transpose {
+                &[Batch, HeadsQ, HeadDimQk, SeqPadded]
+            } else {
+                &[Batch, SeqQ, HeadsQ, HeadDimQk]
+            },
             Layout::Contiguous,
         ),
         Operand::new(
@@ -176,12 +193,15 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             Layout::Contiguous,
         ));
     }
-    let scalars = [
+    let mut scalars = vec![
         ArgField::Size(Batch),
         ArgField::Size(SeqQ),
         ArgField::Size(HeadsQ),
         ArgField::Size(ScaleBlocks),
     ];
+    if q.transpose {
+        scalars.push(ArgField::Size(SeqPadded));
+    }
     let args = arg_layout(&spec, &operands, &scalars);
     let config = TileConfig {
         block_m: q.block_rows,

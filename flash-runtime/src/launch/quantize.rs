@@ -29,8 +29,9 @@ impl Runtime {
     }
 
     /// Quantises `x` (`[batch, seq, heads, d]`, strided, the kernel's input dtype) into `codes`
-    /// (the same shape, row-major, one byte each) and `scales` (`[batch, heads, ceil(seq /
-    /// block_rows)]` f32), through `kernel` from [`Runtime::load_quantize`]; `signs` (`[d]`, ±1)
+    /// (the same shape, row-major, one byte each; for a transposing kernel `[batch, heads, d,
+    /// blocks · block_rows]` in `flash_dsl::fp8::mma_key_order`) and `scales` (`[batch, heads,
+    /// blocks]` f32, `blocks = ceil(seq / block_rows)`), through `kernel` from [`Runtime::load_quantize`]; `signs` (`[d]`, ±1)
     /// is the rotation's diagonal when the kernel rotates. Checked like every launch (shapes,
     /// strides, buffer lengths, devices); asynchronous.
     pub fn quantize(
@@ -100,6 +101,10 @@ impl Runtime {
             ops.push(OperandArg::flat(p, sg.len(), ElemType::F32, me));
         }
         let blocks = x.desc.shape[1].div_ceil(q.block_rows as usize);
-        self.prepare_with(kernel, &ops, &[], &[], &[(Extent::ScaleBlocks, blocks)])
+        let preset = [
+            (Extent::ScaleBlocks, blocks),
+            (Extent::SeqPadded, blocks * q.block_rows as usize),
+        ];
+        self.prepare_with(kernel, &ops, &[], &[], &preset)
     }
 }

@@ -2,14 +2,16 @@
 //! bandwidth.
 
 use flash_dsl::fp8::{
-    attention_inputs, hadamard_rotate_f32, quantize, random_signs, Fp8Format, Scaling,
+    attention_inputs, hadamard_rotate_f32, quantize, random_signs, transpose_for_pv, Fp8Format,
+    Scaling,
 };
 use flash_dsl::plan::quantize::QuantSpec;
 use flash_dsl::DType;
 use flash_runtime::{FlashError, Runtime, TensorRef};
 use serde_json::{json, Value};
 
-/// One quantisation on the GPU: the codes and scales it wrote.
+/// One quantisation on the GPU: the codes and scales it wrote (both poisoned first, so a code or
+/// scale the kernel does not write shows).
 fn run(
     rt: &Runtime,
     q: &QuantSpec,
@@ -22,33 +24,29 @@ fn run(
     let [b, s, h, d] = shape;
     let x = st.clone_htod(bits).map_err(drv)?;
     let blocks = s.div_ceil(q.block_rows as usize);
-    // Poisoned, so a code or scale the kernel does not write shows.
-    let mut codes = st
-        .clone_htod(&vec![0x7Fu8; (b * s * h * d).max(1)])
-        .map_err(drv)?;
+    let n_codes = if q.transpose {
+        b * h * d * blocks * q.block_rows as usize
+    } else {
+        b * s * h * d
+    };
+    let mut codes = st.clone_htod(&vec![0x7Fu8; n_codes.max(1)]).map_err(drv)?;
     let mut scales = st
         .clone_htod(&vec![f32::NAN; (b * h * blocks).max(1)])
         .map_err(drv)?;
     let dsigns = st.clone_htod(signs).map_err(drv)?;
     let kernel = rt.load_quantize(q)?;
     let xt = TensorRef::new(&x, shape, st);
-    rt.quantize(
-        &kernel,
-        &xt,
-        q.hadamard.then_some(&dsigns),
-        &mut codes,
-        &mut scales,
-    )?;
+    let signs = q.hadamard.then_some(&dsigns);
+    rt.quantize(&kernel, &xt, signs, &mut codes, &mut scales)?;
     rt.synchronize()?;
-    Ok((
-        st.clone_dtoh(&codes).map_err(drv)?,
-        st.clone_dtoh(&scales).map_err(drv)?,
-    ))
+    let mut codes = st.clone_dtoh(&codes).map_err(drv)?;
+    codes.truncate(n_codes);
+    Ok((codes, st.clone_dtoh(&scales).map_err(drv)?))
 }
 
-/// bf16 and f16 inputs with outliers (0.1 % ×10), odd shapes, blocks of 64 and 128 rows, with
-/// and without the rotation: every code and every scale must equal the host model's. Returns
-/// (lines, failures).
+/// bf16 and f16 inputs with outliers (0.1 % ×10), odd shapes, blocks of 64 and 128 rows, plain,
+/// rotated, and transposed for P·V: every code (the transposed padding included) and every scale
+/// must equal the host model's. Returns (lines, failures).
 pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     let (mut n, mut fails) = (0, 0);
     let shapes = [
@@ -62,7 +60,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     for input in [DType::Bf16, DType::F16] {
         for shape in shapes {
             for block_rows in [64u32, 128] {
-                for hadamard in [false, true] {
+                for (hadamard, transpose) in [(false, false), (true, false), (false, true)] {
                     seed += 1;
                     n += 1;
                     let q = QuantSpec {
@@ -71,6 +69,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         format: Fp8Format::E4m3,
                         block_rows,
                         hadamard,
+                        transpose,
                     };
                     let len: usize = shape.iter().product();
                     let bits: Vec<u16> = attention_inputs(len, true, seed)
@@ -86,16 +85,15 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                     if hadamard {
                         hadamard_rotate_f32(&mut x, &signs, q.hadamard_norm());
                     }
-                    let want = quantize(
-                        &x,
-                        shape,
-                        Scaling::PerBlock {
-                            rows: block_rows as usize,
-                        },
-                        Fp8Format::E4m3,
-                    );
+                    let rows = block_rows as usize;
+                    let want = quantize(&x, shape, Scaling::PerBlock { rows }, Fp8Format::E4m3);
+                    let want_codes = if transpose {
+                        transpose_for_pv(&want.codes, shape, rows)
+                    } else {
+                        want.codes.clone()
+                    };
                     let label = format!(
-                        "quant {} {shape:?} rows {block_rows} hadamard {hadamard}",
+                        "quant {} {shape:?} rows {block_rows} hadamard {hadamard} transposed {transpose}",
                         input.name()
                     );
                     match run(rt, &q, &bits, shape, &signs) {
@@ -104,9 +102,9 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                             println!("FAIL {label}: {e}");
                         }
                         Ok((codes, scales)) => {
-                            let bad_codes = codes[..len]
+                            let bad_codes = codes
                                 .iter()
-                                .zip(&want.codes)
+                                .zip(&want_codes)
                                 .filter(|(a, b)| a != b)
                                 .count();
                             let bad_scales = scales
@@ -116,11 +114,17 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                                 .count();
                             let ok = bad_codes == 0
                                 && bad_scales == 0
+                                && codes.len() == want_codes.len()
                                 && scales.len() >= want.scales.len();
                             if !ok {
                                 fails += 1;
                             }
-                            println!("{} {label}: {bad_codes} of {len} codes and {bad_scales} of {} scales differ from the host model", if ok { "ok  " } else { "FAIL" }, want.scales.len());
+                            println!(
+                                "{} {label}: {bad_codes} of {} codes and {bad_scales} of {} scales differ from the host model",
+                                if ok { "ok  " } else { "FAIL" },
+                                want_codes.len(),
+                                want.scales.len()
+                            );
                         }
                     }
                 }
@@ -153,6 +157,7 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             format: Fp8Format::E4m3,
             block_rows: 128,
             hadamard,
+            transpose: false,
         };
         let kernel = rt.load_quantize(&q)?;
         let xt = TensorRef::new(&x, shape, st);
