@@ -606,3 +606,54 @@ fn run_paged_flags_are_checked_before_the_gpu() {
     ];
     fails_before_the_gpu(d, &causal, &cases);
 }
+
+#[test]
+fn quantize_arguments_are_checked_before_the_gpu() {
+    use flash_runtime::npy::{NpyArray, NpyData};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let zeros = |shape: Vec<usize>, name: &str| {
+        let n = shape.iter().product();
+        NpyArray::new(shape, NpyData::F32(vec![0.0; n]))
+            .unwrap()
+            .write(&d.join(name))
+            .unwrap();
+    };
+    zeros(vec![1, 10, 2, 64], "x.npy");
+    zeros(vec![1, 10, 2, 96], "x96.npy");
+    zeros(vec![10, 2, 64], "x3.npy");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--x", "x.npy", "--block-rows", "96"],
+            "a scale block is 64 or 128 positions; got 96",
+        ),
+        (
+            &["--x", "x96.npy", "--hadamard-seed", "1"],
+            "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got 96",
+        ),
+        (
+            &["--x", "x3.npy"],
+            "--x must be a 4-d array [batch, seq, heads, head_dim]; got shape [10, 2, 64]",
+        ),
+        (
+            &["--x", "x.npy", "--dtype", "e4m3"],
+            "--dtype is bf16 or f16 (the type the input is read as); got `e4m3`",
+        ),
+    ];
+    for (extra, want) in cases {
+        let o = Command::new(env!("CARGO_BIN_EXE_flash"))
+            .args(["quantize", "--codes", "c.npy", "--scales", "s.npy"])
+            .args(extra)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        let err = text(&o).1;
+        assert_ne!(o.status.code(), Some(0), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: want `{want}` in:\n{err}");
+        assert!(
+            !err.contains("cuda"),
+            "{extra:?}: fails before the GPU:\n{err}"
+        );
+    }
+    assert!(!d.join("c.npy").exists(), "nothing ran");
+}

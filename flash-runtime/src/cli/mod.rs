@@ -8,10 +8,11 @@
 //! flash info
 //! flash run     FILE --q Q.npy --k K.npy --v V.npy --out O.npy [...]   (see `run`)
 //! flash tune    FILE --shape B,Hq,Hkv,Sq,Sk [...]                      (see `tune`)
+//! flash quantize --x X.npy --codes C.npy --scales S.npy [...]          (see `quantize`)
 //! ```
 //!
 //! One module per subcommand (`generate` for `gen` and `plan`, `compile`, `cache`, `info`,
-//! `run`, `tune`), each with its `#[derive(Args)]` struct and a `cmd_*` function returning
+//! `run`, `tune`, `quantize`), each with its `#[derive(Args)]` struct and a `cmd_*` function returning
 //! `Result<ExitCode, FlashError>`; `args` holds what several of them share. This module only
 //! parses the command line and dispatches: the subcommands never import it.
 //!
@@ -26,6 +27,7 @@ pub mod cache;
 pub mod compile;
 pub mod generate;
 pub mod info;
+pub mod quantize;
 pub mod run;
 pub mod tune;
 
@@ -76,6 +78,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Autotune the tile configuration for a shape on the GPU and remember the winner.
     Tune(TuneArgs),
+    /// Quantise a `.npy` tensor to FP8 (e4m3) with block scales on the GPU.
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// Entry point of the `flash` binary. A closed stdout pipe (`flash plan F --json | head`) ends
@@ -129,6 +133,7 @@ pub fn run(cli: Cli) -> Result<ExitCode, FlashError> {
         Command::Info => info::cmd_info(cli.verbose > 0),
         Command::Run(a) => run::cmd_run(&a),
         Command::Tune(a) => tune::cmd_tune(&a),
+        Command::Quantize(a) => quantize::cmd_quantize(&a),
     }
 }
 
