@@ -3,6 +3,8 @@
 # (copy the previous release's flash-gpucheck to .carry/flash-gpucheck-prev first for the A/B):
 #   1. the packed-batch and chunked-prefill checks, then the prefill timing of packed documents
 #      next to dense batches of the same tokens (varlen.json, varlen-check.log);
+#   1b. the FP8 quantisation kernel against the host model, bit for bit, and its bandwidth
+#      (fp8.log);
 #   2. the peers on the same documents: FlexAttention's document mask, FlashAttention-2's varlen
 #      entry point (varlen-peers.json, varlen-peers.log);
 #   3. compute-sanitizer memcheck of the packed checks on small shapes (memcheck.log);
@@ -22,6 +24,10 @@ echo "== packed batches, chunked prefill, prefill timing"
 timeout "${VARLEN_TIMEOUT:-420}" "$BIN" --varlen-only --json "$OUT/varlen.json" >"$OUT/varlen-check.log" 2>&1 \
   || { echo "varlen check FAILED"; status=1; }
 grep -E "^#|^FAIL|^varlen" "$OUT/varlen-check.log" | tail -40
+
+echo "== fp8 quantisation"
+timeout "${FP8_TIMEOUT:-180}" "$BIN" --fp8-only >"$OUT/fp8.log" 2>&1 || { echo "fp8 check FAILED"; status=1; }
+grep -E "^# |^FAIL|^quant bf16" "$OUT/fp8.log" | tail -12
 
 echo "== peers on the same documents"
 timeout "${PEERS_TIMEOUT:-300}" python3 bench/varlen_peers.py "$OUT/varlen.json" --json "$OUT/varlen-peers.json" \
