@@ -14,7 +14,7 @@
 //! ([`Scaling`]: the whole tensor, one (batch, head), or a block of consecutive rows of one
 //! (batch, head)): `x ≈ decode(code) · scale`, with `scale = amax / max` (1 for an all-zero group)
 //! and `code = encode(x · (max / amax))` in f32, so each group's largest magnitude lands on the
-//! format's largest finite value.
+//! format's largest finite value (a group so small that `max / amax` overflows keeps scale 1).
 //!
 //! **Incoherent processing** ([`hadamard_rotate`]): Q and K multiplied along the head dimension by
 //! the same orthogonal matrix `H·diag(signs) / √d` (a Walsh–Hadamard matrix with random signs)
@@ -239,25 +239,15 @@ pub fn quantize(x: &[f32], shape: [usize; 4], scaling: Scaling, format: Fp8Forma
             }
         }
     }
+    // A group too small for `max / amax` to be finite keeps the scale 1, like an all-zero one.
+    let usable = |a: f32| a > 0.0 && a.is_finite() && (format.max() / a).is_finite();
     let scales: Vec<f32> = amax
         .iter()
-        .map(|&a| {
-            if a > 0.0 && a.is_finite() {
-                a / format.max()
-            } else {
-                1.0
-            }
-        })
+        .map(|&a| if usable(a) { a / format.max() } else { 1.0 })
         .collect();
     let inv: Vec<f32> = amax
         .iter()
-        .map(|&a| {
-            if a > 0.0 && a.is_finite() {
-                format.max() / a
-            } else {
-                1.0
-            }
-        })
+        .map(|&a| if usable(a) { format.max() / a } else { 1.0 })
         .collect();
     let mut codes = vec![0u8; x.len()];
     for bi in 0..b {
@@ -548,6 +538,16 @@ mod tests {
             }
             assert!(top.iter().all(|&c| c == 0x7E), "{scaling:?}");
         }
+    }
+
+    #[test]
+    fn a_group_too_small_for_its_inverse_keeps_scale_one() {
+        // amax 1e-37: 448 / amax overflows f32; the group keeps scale 1 (its codes flush to 0)
+        // instead of saturating every element through an infinite inverse.
+        let x = vec![1e-37f32, -5e-38, 0.0, 2e-38];
+        let q = quantize(&x, [1, 1, 1, 4], Scaling::PerTensor, Fp8Format::E4m3);
+        assert_eq!(q.scales, [1.0]);
+        assert_eq!(q.codes, [0, 0x80, 0, 0]);
     }
 
     #[test]

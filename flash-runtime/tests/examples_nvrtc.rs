@@ -259,7 +259,9 @@ fn quantisation_kernels_compile_without_spills() {
     for input in [DType::Bf16, DType::F16] {
         for head_dim in [64, 128, 256] {
             for block_rows in [64, 128] {
-                for (hadamard, transpose) in [(false, false), (true, false), (false, true)] {
+                for (hadamard, transpose) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
                     let q = QuantSpec {
                         input,
                         head_dim,

@@ -34,8 +34,9 @@ use crate::spec::VariantSpec;
 
 use Extent::*;
 
-/// The partial outputs of the splits (`[splits, batch, heads_q, seq_q, head_dim_v]` f32; the
-/// runtime binds `splits` to 0, leaving both partials empty, for a launch of one split).
+/// The partial outputs of the splits (`[splits, batch, heads_q, seq_q, head_dim_v]` f32, with
+/// packed queries `[splits, heads_q, total_q, head_dim_v]`; the runtime binds `splits` to 0,
+/// leaving both partials empty, for a launch of one split).
 pub const OPART_OPERAND: &str = "o_part";
 /// The partial log-sum-exps of the splits (`[splits, batch, heads_q, seq_q]` f32).
 pub const LSEPART_OPERAND: &str = "lse_part";
@@ -168,18 +169,25 @@ pub fn splitkv_operands(spec: &VariantSpec, paged: bool, packed_q: bool) -> Vec<
             Layout::Contiguous,
         ));
     }
+    // The partials of packed queries follow the packed LSE, `[heads_q, total_q]` per split.
+    let rows: &[Extent] = if packed_q {
+        &[HeadsQ, TotalQ]
+    } else {
+        &[Batch, HeadsQ, SeqQ]
+    };
+    let with = |lead: &[Extent], tail: &[Extent]| [lead, rows, tail].concat();
     ops.push(Operand::new(
         OPART_OPERAND,
         Role::Output,
         OperandType::F32,
-        &[Splits, Batch, HeadsQ, SeqQ, HeadDimV],
+        &with(&[Splits], &[HeadDimV]),
         Layout::Contiguous,
     ));
     ops.push(Operand::new(
         LSEPART_OPERAND,
         Role::Output,
         OperandType::F32,
-        &[Splits, Batch, HeadsQ, SeqQ],
+        &with(&[Splits], &[]),
         Layout::Contiguous,
     ));
     ops.push(Operand::new(

@@ -327,7 +327,9 @@ impl Runtime {
                 (Extent::CuLen, batch + 1),
             ]);
         }
-        self.prepare_splits(kernel, ops, shape, params, splits, &preset)
+        // Packed queries: the partials hold heads_q · total_q rows per split.
+        let packed_rows = queries.map(|_| heads_q * q.desc.shape[1]);
+        self.prepare_splits(kernel, ops, shape, packed_rows, params, splits, &preset)
     }
 
     /// The split count [`Runtime::forward_split_kv`] uses for `shape` with `kernel`, by
@@ -391,16 +393,26 @@ impl Runtime {
         splits: Option<usize>,
     ) -> Result<(PreparedLaunch<'a>, usize), FlashError> {
         let ops = forward_operands(q, k, v, o, lse).to_vec();
-        self.prepare_splits(kernel, ops, ProblemShape::of(q, k), params, splits, &[])
+        self.prepare_splits(
+            kernel,
+            ops,
+            ProblemShape::of(q, k),
+            None,
+            params,
+            splits,
+            &[],
+        )
     }
 
     /// The split count, the workspaces and the checked launch of a split-KV kernel, after its
     /// attention operands `ops` (dense or paged).
+    #[allow(clippy::too_many_arguments)]
     fn prepare_splits<'a>(
         &'a self,
         kernel: &'a LoadedKernel,
         mut ops: Vec<OperandArg>,
         shape: ProblemShape,
+        packed_rows: Option<usize>,
         params: &[ParamArg<'_>],
         splits: Option<usize>,
         preset: &[(Extent, usize)],
@@ -415,9 +427,12 @@ impl Runtime {
             None => self.split_kv_splits(kernel, shape),
         };
         let dv = kernel.plan.spec.head_dim_v as usize;
+        // One split's rows: per (batch, head, query) of the longest sequence, or with packed
+        // queries per (head, token); the row tiles' counters stay per (batch, head, query).
         let rows = shape.batch * shape.heads_q * shape.seq_q;
+        let part_rows = packed_rows.unwrap_or(rows);
         let (o_len, l_len) = if n > 1 {
-            (n * rows * dv, n * rows)
+            (n * part_rows * dv, n * part_rows)
         } else {
             (0, 0)
         };
