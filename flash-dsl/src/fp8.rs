@@ -369,38 +369,24 @@ pub fn random_signs(d: usize, seed: u64) -> Vec<f64> {
 /// assert!(q.iter().all(|x| (x.abs() - 3.0 / 8f64.sqrt()).abs() < 1e-12));
 /// ```
 pub fn hadamard_rotate(x: &mut [f64], signs: &[f64]) {
-    let d = signs.len();
-    assert!(
-        d.is_power_of_two(),
-        "the Hadamard rotation needs a power-of-two head dim; got {d}"
-    );
-    assert_eq!(x.len() % d, 0, "rows of {d} values");
-    let norm = 1.0 / (d as f64).sqrt();
-    for row in x.chunks_mut(d) {
-        for (v, s) in row.iter_mut().zip(signs) {
-            *v *= s;
-        }
-        let mut len = 1;
-        while len < d {
-            for i in (0..d).step_by(2 * len) {
-                for j in i..i + len {
-                    let (a, b) = (row[j], row[j + len]);
-                    row[j] = a + b;
-                    row[j + len] = a - b;
-                }
-            }
-            len *= 2;
-        }
-        for v in row.iter_mut() {
-            *v *= norm;
-        }
-    }
+    let norm = 1.0 / (signs.len() as f64).sqrt();
+    rotate_rows(x, signs, norm);
 }
 
 /// [`hadamard_rotate`] in f32, operation for operation as the quantisation kernel does it (each
 /// value times its sign, the butterflies stage by stage, then times `norm`, every step rounded to
 /// f32), so that the kernel's codes can be checked bit for bit.
 pub fn hadamard_rotate_f32(x: &mut [f32], signs: &[f32], norm: f32) {
+    rotate_rows(x, signs, norm);
+}
+
+/// Each row of `d = signs.len()` values times its signs, the Walsh–Hadamard butterflies stage by
+/// stage, then times `norm`, in the arithmetic of `T` (f64 for the model, f32 for the kernel's
+/// operation order).
+fn rotate_rows<T>(x: &mut [T], signs: &[T], norm: T)
+where
+    T: Copy + std::ops::Add<Output = T> + std::ops::Sub<Output = T> + std::ops::MulAssign,
+{
     let d = signs.len();
     assert!(
         d.is_power_of_two(),
@@ -409,7 +395,7 @@ pub fn hadamard_rotate_f32(x: &mut [f32], signs: &[f32], norm: f32) {
     assert_eq!(x.len() % d, 0, "rows of {d} values");
     for row in x.chunks_mut(d) {
         for (v, s) in row.iter_mut().zip(signs) {
-            *v *= s;
+            *v *= *s;
         }
         let mut len = 1;
         while len < d {
