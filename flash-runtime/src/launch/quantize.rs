@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flash_dsl::plan::quantize::{plan_quantize, QuantSpec};
 use flash_dsl::plan::{Extent, KernelKind};
 
@@ -97,8 +97,7 @@ impl Runtime {
             OperandArg::flat(sp, n_scales, ElemType::F32, me),
         ];
         if let Some(sg) = signs {
-            let (p, _g) = sg.device_ptr(stream);
-            ops.push(OperandArg::flat(p, sg.len(), ElemType::F32, me));
+            ops.push(tensor::flat_operand(sg, stream));
         }
         let blocks = x.desc.shape[1].div_ceil(q.block_rows as usize);
         let preset = [

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use flash_dsl::plan::splitkv::{
     choose_splits, default_splitkv_config, plan_splitkv, plan_splitkv_paged,
     plan_splitkv_paged_varlen, splitkv_unsupported, SplitShape, MAX_SPLITS,
@@ -105,12 +105,6 @@ pub struct PackedQueries<'a> {
     pub cu_seqlens_q: &'a CudaSlice<i32>,
     /// The host copy of `cu_seqlens_q`.
     pub host: &'a [i32],
-}
-
-/// An i32 device buffer as a flat operand.
-fn i32_operand(buf: &CudaSlice<i32>, stream: &cudarc::driver::CudaStream) -> OperandArg {
-    let (ptr, _sync) = buf.device_ptr(stream);
-    OperandArg::flat(ptr, buf.len(), ElemType::I32, tensor::ctx_id(buf.context()))
 }
 
 impl Runtime {
@@ -313,14 +307,14 @@ impl Runtime {
             heads_kv: kv.k.desc.shape[2],
         };
         let mut ops = forward_operands(q, &kv.k, &kv.v, o, lse).to_vec();
-        ops.push(i32_operand(kv.page_table, self.stream()));
-        ops.push(i32_operand(kv.seqlens_k, self.stream()));
+        ops.push(tensor::flat_operand(kv.page_table, self.stream()));
+        ops.push(tensor::flat_operand(kv.seqlens_k, self.stream()));
         let mut preset = vec![
             (Extent::MaxPages, kv.max_pages),
             (Extent::SeqK, kv.capacity()),
         ];
         if let Some(qs) = queries {
-            ops.push(i32_operand(qs.cu_seqlens_q, self.stream()));
+            ops.push(tensor::flat_operand(qs.cu_seqlens_q, self.stream()));
             preset.extend([
                 (Extent::Batch, batch),
                 (Extent::SeqQ, seq_q),

@@ -90,6 +90,9 @@ impl TensorElem for half::f16 {
 impl TensorElem for u16 {
     const ELEM: ElemType = ElemType::Bits16;
 }
+impl TensorElem for u8 {
+    const ELEM: ElemType = ElemType::U8;
+}
 impl TensorElem for f32 {
     const ELEM: ElemType = ElemType::F32;
 }
@@ -310,4 +313,11 @@ impl From<&LseMut<'_>> for OperandArg {
     fn from(l: &LseMut<'_>) -> Self {
         OperandArg::flat(l.ptr, l.len, ElemType::F32, l.ctx)
     }
+}
+
+/// A device buffer as a flat operand (its whole length, its element type), for the workspaces,
+/// offsets, tables and scales the kernels take without a shape.
+pub(crate) fn flat_operand<T: TensorElem>(buf: &CudaSlice<T>, stream: &CudaStream) -> OperandArg {
+    let (ptr, _sync) = buf.device_ptr(stream);
+    OperandArg::flat(ptr, buf.len(), T::ELEM, ctx_id(buf.context()))
 }

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use flash_dsl::plan::varlen::{check_cu_seqlens, plan_varlen};
 use flash_dsl::plan::{default_config_for, Extent, KernelKind};
 use flash_dsl::{TileConfig, VariantSpec};
 
 use super::check::invalid;
-use super::tensor::{self, ElemType, LseMut, OperandArg, TensorMut, TensorRef};
+use super::tensor::{self, LseMut, TensorMut, TensorRef};
 use super::{forward_operands, LoadedKernel, Runtime};
 use crate::error::FlashError;
 use crate::prepared::PreparedLaunch;
@@ -78,11 +78,6 @@ impl VarlenBatch<'_> {
             max_seq_k,
         })
     }
-}
-
-fn i32_operand(buf: &CudaSlice<i32>, stream: &cudarc::driver::CudaStream) -> OperandArg {
-    let (ptr, _sync) = buf.device_ptr(stream);
-    OperandArg::flat(ptr, buf.len(), ElemType::I32, tensor::ctx_id(buf.context()))
 }
 
 impl Runtime {
@@ -192,8 +187,8 @@ impl Runtime {
         }
         let s = seqs.check(q.desc.shape[1], k.desc.shape[1])?;
         let mut ops = forward_operands(q, k, v, o, lse).to_vec();
-        ops.push(i32_operand(seqs.cu_seqlens_q, self.stream()));
-        ops.push(i32_operand(seqs.cu_seqlens_k, self.stream()));
+        ops.push(tensor::flat_operand(seqs.cu_seqlens_q, self.stream()));
+        ops.push(tensor::flat_operand(seqs.cu_seqlens_k, self.stream()));
         if kernel
             .plan
             .operand(flash_dsl::plan::forward::SCHED_OPERAND)
