@@ -168,6 +168,9 @@ struct Context {
     varlen: bool,
     /// K and V are packed sequences found through `cu_seqlens_k`.
     varlen_k: bool,
+    /// Sequences differ in length (`paged` or `varlen`): the hooks take a `Seq` with each
+    /// sequence's lengths and first rows, read once per work item, instead of the batch index.
+    per_seq: bool,
     /// The quantisation kernel: rotate first; write V transposed for P·V; the PTX fp8 type; its largest finite value; the
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
     quant_hadamard: bool,
@@ -386,6 +389,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
         ),
         varlen_k: plan.kind == KernelKind::ForwardVarlen,
+        per_seq: matches!(
+            plan.kind,
+            KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen | KernelKind::ForwardVarlen
+        ),
         quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
         quant_transpose: plan.quant.is_some_and(|q| q.transpose),
         quant_type: plan

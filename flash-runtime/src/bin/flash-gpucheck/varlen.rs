@@ -300,8 +300,9 @@ pub fn document_lengths() -> Vec<usize> {
 }
 
 /// Prefill of packed documents ([`document_lengths`], 16k tokens, bf16, d 128, 16 heads, causal
-/// and not) through the packed kernel, next to the same 16k tokens as a dense batch of equal
-/// lengths (16 × 1024 and 4 × 4096) and the documents each padded to the longest. TFLOP/s counts
+/// and not) through the packed kernel, next to the same 16k tokens as dense batches of equal
+/// lengths (16 × 1024, as many sequences as documents, 4 × 4096), the same tokens packed as
+/// sequences of equal length, and the documents each padded to the longest. TFLOP/s counts
 /// the FLOPs of the visible (q, k) pairs, as peers.py does (half for causal).
 pub fn timing_varlen(
     rt: &Runtime,
@@ -329,8 +330,6 @@ pub fn timing_varlen(
     let vb = st.clone_htod(&gen).map_err(drv)?;
     let mut ob = st.alloc_zeros::<u16>(n_max).map_err(drv)?;
     let mut lb = st.alloc_zeros::<f32>(n_max / d).map_err(drv)?;
-    let cu = offsets(&lens);
-    let dcu = st.clone_htod(&cu).map_err(drv)?;
     for causal in [false, true] {
         let spec = with(
             &example(specs, if causal { "Causal" } else { "Dense" })?,
@@ -350,31 +349,39 @@ pub fn timing_varlen(
                 .sum::<f64>()
         };
         let variant = if causal { "causal" } else { "dense" };
-        // Packed.
+        // Packed: the documents, then as many sequences of equal length (the packing's own
+        // cost, apart from the mix of lengths).
         let kernel = rt.load_varlen(&spec, None)?;
-        let seqs = VarlenBatch {
-            cu_seqlens_q: &dcu,
-            cu_seqlens_k: &dcu,
-            host_q: &cu,
-            host_k: &cu,
-        };
-        let ms = {
-            let q = TensorRef::new(&qb, [1, total, h, d], st);
-            let k = TensorRef::new(&kb, [1, total, h, d], st);
-            let v = TensorRef::new(&vb, [1, total, h, d], st);
-            let mut o = TensorMut::new(&mut ob, [1, total, h, d], st);
-            let mut l = LseMut::new(&mut lb, st);
-            rt.time_varlen(&kernel, &q, &k, &v, &mut o, &mut l, &seqs, &[], (5, 30))?
-        };
-        let tf = flops(&lens) / ms as f64 / 1e9;
-        println!("varlen {variant:<6} d={d} h={h} {total} tokens in {} documents  flash packed {ms:8.4} ms {tf:7.1} TFLOP/s", lens.len());
-        rows.push(json!({"gpu": gpu, "backend": "flash", "variant": format!("varlen_docs_{variant}"), "dtype": "bf16",
-            "d": d, "n": total, "b": lens.len(), "h": h, "causal": causal, "mode": "fwd", "ms": ms, "tflops": tf,
-            "lens": lens.clone()}));
+        let uniform = vec![total / lens.len(); lens.len()];
+        for (label, ls) in [("docs", &lens), ("uniform", &uniform)] {
+            let cu_ls = offsets(ls);
+            let dcu_ls = st.clone_htod(&cu_ls).map_err(drv)?;
+            let seqs = VarlenBatch {
+                cu_seqlens_q: &dcu_ls,
+                cu_seqlens_k: &dcu_ls,
+                host_q: &cu_ls,
+                host_k: &cu_ls,
+            };
+            let n_tok: usize = ls.iter().sum();
+            let ms = {
+                let q = TensorRef::new(&qb, [1, n_tok, h, d], st);
+                let k = TensorRef::new(&kb, [1, n_tok, h, d], st);
+                let v = TensorRef::new(&vb, [1, n_tok, h, d], st);
+                let mut o = TensorMut::new(&mut ob, [1, n_tok, h, d], st);
+                let mut l = LseMut::new(&mut lb, st);
+                rt.time_varlen(&kernel, &q, &k, &v, &mut o, &mut l, &seqs, &[], (5, 30))?
+            };
+            let tf = flops(ls) / ms as f64 / 1e9;
+            println!("varlen {variant:<6} d={d} h={h} {n_tok} tokens in {} {label:<9} flash packed {ms:8.4} ms {tf:7.1} TFLOP/s", ls.len());
+            rows.push(json!({"gpu": gpu, "backend": "flash", "variant": format!("varlen_{label}_{variant}"), "dtype": "bf16",
+                "d": d, "n": n_tok, "b": ls.len(), "h": h, "causal": causal, "mode": "fwd", "ms": ms, "tflops": tf,
+                "lens": ls.clone()}));
+        }
         // The same tokens as dense batches of equal lengths, and padded to the longest document.
         let dense_kernel = rt.load(&spec, None)?;
         for (label, b, n) in [
             ("dense_batch", 16usize, 1024usize),
+            ("dense_batch", lens.len(), total / lens.len()),
             ("dense_batch", 4, 4096),
             ("padded", lens.len(), longest),
         ] {
