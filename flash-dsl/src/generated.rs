@@ -76,7 +76,7 @@ pub struct Generated {
     /// a sparsity layout).
     pub inference: Result<Vec<GeneratedKernel>, PlanError>,
     /// The packed (variable-length) forward kernel on this family, or why this variant has none
-    /// (a mask that needs a block map, a sparsity layout, dropout).
+    /// (a sparsity layout, dropout).
     pub varlen: Result<GeneratedKernel, PlanError>,
 }
 
@@ -351,17 +351,14 @@ mod tests {
                 "doc_sm90ws_bwddq",
                 "doc_sm90ws_skv",
                 "doc_sm90ws_skvp",
-                "doc_sm90ws_skvpv"
+                "doc_sm90ws_skvpv",
+                "doc_sm90ws_fwdv"
             ]
         );
         assert!(g.summary().contains("reads a block map"));
-        // A tensor-reading mask has no packed kernel; the summary says why.
-        assert!(g.varlen.is_err());
-        assert!(
-            g.summary().contains("packed: not available"),
-            "{}",
-            g.summary()
-        );
+        // Its packed kernel classifies tiles by range lookups instead of walking a map.
+        let v = g.varlen.as_ref().unwrap();
+        assert!(v.plan.block_map.is_none());
     }
 
     #[test]

@@ -18,15 +18,19 @@
 //! sequence's end does nothing (the grid has the longest sequence's tiles for every sequence; the
 //! persistent kernel skips such items when it fetches them).
 //!
-//! What stays outside: variants whose mask needs a block map (data-dependent masks, sparsity
-//! layouts; the map is built per batch element of one length) and dropout (a training feature;
-//! there is no variable-length backward pass). [`varlen_unsupported`] says why, and the plan
-//! fails with [`PlanError::VarlenVariant`].
+//! A mask that reads tensors (document ids, say) is walked without a block map, which is built
+//! per batch element of one length: each key tile is classified from the range of the values the
+//! mask reads over the tile's rows (warp-collective lookups), so a tile is skipped or run without
+//! the mask exactly where the ranges decide it, and otherwise masked per element.
+//!
+//! What stays outside: block-sparse layouts (walked only through a block map) and dropout (a
+//! training feature; there is no variable-length backward pass). [`varlen_unsupported`] says
+//! why, and the plan fails with [`PlanError::VarlenVariant`].
 
 use super::forward::{attention_scalars, forward_operands, plan_forward, SCHED_OPERAND};
 use super::operand::{arg_layout, ArgField, Extent, Layout, Operand, OperandType, Role};
 use super::tile::{KernelFamily, PlanError, TileConfig};
-use super::{kernel_name, needs_block_map, KernelKind, KernelPlan};
+use super::{kernel_name, KernelKind, KernelPlan};
 use crate::spec::VariantSpec;
 
 use Extent::*;
@@ -40,8 +44,6 @@ pub const CU_SEQLENS_K_OPERAND: &str = "cu_seqlens_k";
 pub fn varlen_unsupported(spec: &VariantSpec) -> Option<&'static str> {
     if spec.sparsity.is_some() {
         Some("a block-sparse layout is walked through a block map, which is built per batch element of one length")
-    } else if needs_block_map(spec) {
-        Some("a mask that reads tensors is walked through a block map, which is built per batch element of one length (pack the documents with cu_seqlens instead of a document-id mask)")
     } else if spec.dropout.is_some() {
         Some("dropout is a training feature and packed batches have no backward pass; pad the batch or drop the dropout")
     } else {
@@ -94,13 +96,22 @@ pub fn varlen_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// assert!(p.kernel_name.starts_with("flash_fwdv_causal_bf16"));
 /// assert!(p.operand("cu_seqlens_q").is_some() && p.operand("cu_seqlens_k").is_some());
 ///
-/// // A document-id mask is what packing replaces; it has no packed kernel.
+/// // A document-id mask inside the packed sequences: classified by range lookups, no block map.
 /// let doc = flash_dsl::parse::parse_str(
 ///     "Doc { head_dim: 64, dtype: bf16, params: { doc: [i32; seq] }, mask: doc[q] == doc[k] }",
 /// )
 /// .unwrap()
 /// .remove(0);
-/// assert!(plan_varlen(&doc, default_config_for(&doc, KernelFamily::Sm80)).is_err());
+/// let p = plan_varlen(&doc, default_config_for(&doc, KernelFamily::Sm80)).unwrap();
+/// assert!(p.block_map.is_none() && p.operand("block_map").is_none());
+///
+/// // Dropout has no packed kernel (no packed backward pass).
+/// let drop = flash_dsl::parse::parse_str(
+///     "Drop { head_dim: 64, dtype: bf16, params: { p: f32 }, dropout: p }",
+/// )
+/// .unwrap()
+/// .remove(0);
+/// assert!(plan_varlen(&drop, default_config_for(&drop, KernelFamily::Sm80)).is_err());
 /// ```
 pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
     if let Some(why) = varlen_unsupported(spec) {
@@ -109,6 +120,8 @@ pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan,
     // The forward kernel's plan (tile rules, launch shape, mask analysis; no block map, see
     // above), over the packed operands and with the totals among the scalars.
     let mut p = plan_forward(spec, config)?;
+    // No block map (see the module docs): the tile walk classifies by the mask's range lookups.
+    p.block_map = None;
     p.operands = varlen_operands(spec, &config);
     let mut scalars = attention_scalars(spec);
     scalars.extend([ArgField::Size(TotalQ), ArgField::Size(TotalK)]);
