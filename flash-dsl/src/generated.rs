@@ -368,7 +368,7 @@ mod tests {
         assert!(g.inference.is_err());
         assert!(g
             .summary()
-            .contains("inference: not available: no split-KV kernel: dropout"));
+            .contains("inference: not available: no split-KV kernel: a constant dropout"));
         assert!(g.kernels().all(|k| !k.snapshot_name.ends_with("_skv")));
     }
 

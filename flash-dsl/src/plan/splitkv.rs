@@ -113,8 +113,10 @@ pub fn splitkv_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(
 pub fn splitkv_unsupported(spec: &VariantSpec) -> Option<&'static str> {
     if spec.sparsity.is_some() {
         Some("a block-sparse layout is walked through its block map, which the split-KV kernel does not read")
-    } else if spec.dropout.is_some() {
-        Some("dropout is a training feature; the split-KV kernel (inference) does not apply it")
+    } else if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
+        // A runtime probability is served at p = 0 (the launch checks it); a constant one
+        // cannot be turned off.
+        Some("a constant dropout probability cannot be turned off, and the split-KV kernel (inference) does not apply dropout; declare the probability as a runtime param and pass p = 0")
     } else {
         None
     }

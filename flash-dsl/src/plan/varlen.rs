@@ -23,9 +23,13 @@
 //! mask reads over the tile's rows (warp-collective lookups), so a tile is skipped or run without
 //! the mask exactly where the ranges decide it, and otherwise masked per element.
 //!
-//! What stays outside: block-sparse layouts (walked only through a block map) and dropout (a
-//! training feature; there is no variable-length backward pass). [`varlen_unsupported`] says
-//! why, and the plan fails with [`PlanError::VarlenVariant`].
+//! A variant with dropout is served at p = 0: its probability must be a runtime param, which the
+//! launch requires to be 0 (the packed kernel applies no dropout; there is no packed backward
+//! pass to train with it).
+//!
+//! What stays outside: block-sparse layouts (walked only through a block map) and a constant
+//! dropout probability. [`varlen_unsupported`] says why, and the plan fails with
+//! [`PlanError::VarlenVariant`].
 
 use super::forward::{attention_scalars, forward_operands, plan_forward, SCHED_OPERAND};
 use super::operand::{arg_layout, ArgField, Extent, Layout, Operand, OperandType, Role};
@@ -44,8 +48,10 @@ pub const CU_SEQLENS_K_OPERAND: &str = "cu_seqlens_k";
 pub fn varlen_unsupported(spec: &VariantSpec) -> Option<&'static str> {
     if spec.sparsity.is_some() {
         Some("a block-sparse layout is walked through a block map, which is built per batch element of one length")
-    } else if spec.dropout.is_some() {
-        Some("dropout is a training feature and packed batches have no backward pass; pad the batch or drop the dropout")
+    } else if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
+        // A runtime probability is served at p = 0 (the launch checks it); a constant one
+        // cannot be turned off.
+        Some("a constant dropout probability cannot be turned off, and the packed kernel does not apply dropout (packed batches have no backward pass); declare the probability as a runtime param and pass p = 0")
     } else {
         None
     }
@@ -105,9 +111,9 @@ pub fn varlen_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// let p = plan_varlen(&doc, default_config_for(&doc, KernelFamily::Sm80)).unwrap();
 /// assert!(p.block_map.is_none() && p.operand("block_map").is_none());
 ///
-/// // Dropout has no packed kernel (no packed backward pass).
+/// // A constant dropout probability has no packed kernel (a runtime one is served at p = 0).
 /// let drop = flash_dsl::parse::parse_str(
-///     "Drop { head_dim: 64, dtype: bf16, params: { p: f32 }, dropout: p }",
+///     "Drop { head_dim: 64, dtype: bf16, dropout: 0.1 }",
 /// )
 /// .unwrap()
 /// .remove(0);

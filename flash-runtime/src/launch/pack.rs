@@ -6,7 +6,7 @@
 
 use flash_dsl::dropout::DropoutRng;
 use flash_dsl::eval::{tensor_shape, Sizes};
-use flash_dsl::plan::{ArgField, Extent, KernelPlan, TMA_DESC_BYTES};
+use flash_dsl::plan::{ArgField, Extent, KernelKind, KernelPlan, TMA_DESC_BYTES};
 use flash_dsl::spec::{Dropout, ParamKind, ScalarTy, VariantSpec};
 
 use super::check::{invalid, Extents};
@@ -90,7 +90,7 @@ pub fn pack_args(
                     Some(d) => d,
                     None => split_dropout(spec, params)?,
                 };
-                check_probability(spec, declared)?;
+                check_probability(plan, declared)?;
                 let rng = rng.expect("a plan with a dropout field belongs to a dropout variant");
                 out[..8].copy_from_slice(&rng.seed.to_le_bytes());
                 out[8..].copy_from_slice(&rng.offset.to_le_bytes());
@@ -173,14 +173,36 @@ pub fn split_dropout<'p, 'a>(
 }
 
 /// A runtime dropout probability must lie in [0, 1) (a constant one was checked when the
-/// declaration was validated).
-fn check_probability(spec: &VariantSpec, params: &[ParamArg<'_>]) -> Result<(), FlashError> {
+/// declaration was validated), and be 0 for the kernels that serve a dropout variant without
+/// applying it: split-KV (decode, paged, chunked prefill) and packed batches.
+pub(crate) fn check_probability(
+    plan: &KernelPlan,
+    params: &[ParamArg<'_>],
+) -> Result<(), FlashError> {
+    let spec = &plan.spec;
     if let Some(Dropout::Param(i)) = spec.dropout {
         if let Some(ParamArg::F32(p)) = params.get(i) {
             if !(0.0..1.0).contains(p) {
                 return Err(invalid(format!(
                     "dropout probability `{}` = {p} of `{}` must lie in [0, 1)",
                     spec.params[i].name, spec.name
+                )));
+            }
+            let serving = matches!(
+                plan.kind,
+                KernelKind::SplitKv
+                    | KernelKind::SplitKvPaged
+                    | KernelKind::SplitKvPagedVarlen
+                    | KernelKind::ForwardVarlen
+            );
+            if serving && *p != 0.0 {
+                return Err(invalid(format!(
+                    "dropout probability `{}` = {p} of `{}`: the {} kernel `{}` does not apply dropout (it serves the variant for inference); pass {} = 0",
+                    spec.params[i].name,
+                    spec.name,
+                    if plan.kind == KernelKind::ForwardVarlen { "packed" } else { "split-KV" },
+                    plan.kernel_name,
+                    spec.params[i].name
                 )));
             }
         }

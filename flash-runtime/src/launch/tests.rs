@@ -309,6 +309,38 @@ fn params_are_checked() {
     assert!(err(&misaligned).contains("4-byte aligned"));
 }
 
+/// The split-KV and packed kernels serve a dropout variant at p = 0 only (they apply no
+/// dropout); its training kernels take any p in [0, 1).
+#[test]
+fn serving_kernels_of_a_dropout_variant_require_p_zero() {
+    use flash_dsl::plan::splitkv::{default_splitkv_config, plan_splitkv_paged};
+    use flash_dsl::plan::varlen::plan_varlen;
+    let spec = flash_dsl::parse::parse_str(
+        "D { head_dim: 64, dtype: bf16, params: { p: f32 }, mask: causal, dropout: p }",
+    )
+    .unwrap()
+    .remove(0);
+    let rng = ParamArg::dropout(1, 2);
+    let serving = [
+        plan_splitkv_paged(&spec, default_splitkv_config(&spec)).unwrap(),
+        plan_varlen(&spec, flash_dsl::plan::default_config(&spec)).unwrap(),
+    ];
+    for plan in &serving {
+        assert!(pack::check_probability(plan, &[ParamArg::F32(0.0), rng]).is_ok());
+        let e = pack::check_probability(plan, &[ParamArg::F32(0.1), rng])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`p` = 0.1")
+                && e.contains("does not apply dropout")
+                && e.contains("pass p = 0"),
+            "{e}"
+        );
+    }
+    let training = flash_dsl::plan(&spec, None).unwrap();
+    assert!(pack::check_probability(&training, &[ParamArg::F32(0.1), rng]).is_ok());
+}
+
 #[test]
 fn dropout_state_and_probability_are_checked_and_packed() {
     let plan = plan_of("D { head_dim: 64, dtype: bf16, params: { p: f32 }, dropout: p }");

@@ -216,7 +216,7 @@ pub(crate) fn page_out(
 /// its own keys by FlashAttention's rule (`judge`). Returns (lines, failures).
 pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
     use crate::cases::CaseResult;
-    use crate::device::{draw, random_params};
+    use crate::device::{draw, serving_params};
     use flash_dsl::eval::Sizes;
     use flash_dsl::model::reference::Problem;
     use flash_dsl::plan::splitkv::splitkv_unsupported;
@@ -239,7 +239,7 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                 let b = lens.len();
                 let cap = PagedCache::max_pages(&lens, ps) * ps;
                 // Params for the launch: `seq` positions sized by the capacity.
-                let params = random_params(
+                let params = serving_params(
                     &spec,
                     Sizes {
                         batch: b,

@@ -23,6 +23,17 @@ pub fn draw(rng: &mut Rng, n: usize, dt: DType) -> (Vec<u16>, Vec<f64>) {
 }
 
 /// Random values for every param of `spec` at `sizes`.
+/// [`random_params`] for the kernels that serve a variant (split-KV, paged, packed): a dropout
+/// probability is 0 there (they apply none; the launch refuses any other value), so the
+/// reference is the variant without dropout.
+pub fn serving_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
+    let mut pv = random_params(spec, sizes, rng);
+    if let Some(flash_dsl::spec::Dropout::Param(i)) = spec.dropout {
+        pv.0[i] = ParamValue::Float(0.0);
+    }
+    pv
+}
+
 pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
     let vals = spec
         .params

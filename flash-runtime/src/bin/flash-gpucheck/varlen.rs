@@ -13,7 +13,7 @@ use flash_runtime::{FlashError, LseMut, Runtime, TensorMut, TensorRef, VarlenBat
 use serde_json::{json, Value};
 
 use crate::cases::CaseResult;
-use crate::device::{draw, nan_bits, param_args, random_params, seq_params, upload_params};
+use crate::device::{draw, nan_bits, param_args, seq_params, serving_params, upload_params};
 use crate::variants::{example, with};
 
 /// Prefix sums: `[0, l0, l0 + l1, …]`.
@@ -140,7 +140,7 @@ fn run_packed(
         lk.iter().copied().max().unwrap_or(0),
     );
     let b = lq.len();
-    let params = random_params(
+    let params = serving_params(
         spec,
         Sizes {
             batch: b,
@@ -430,7 +430,7 @@ pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                 let b = lens_q.len();
                 let cap = crate::decode::PagedCache::max_pages(&lens_k, ps) * ps;
                 let mq = *lens_q.iter().max().unwrap();
-                let params = random_params(
+                let params = serving_params(
                     &spec,
                     Sizes {
                         batch: b,
