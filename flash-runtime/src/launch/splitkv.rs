@@ -96,6 +96,23 @@ impl PagedKv<'_> {
     }
 }
 
+/// A chunked prefill's new tokens are the last keys of their sequence's cache, so no sequence
+/// may have more of them (`cu_seqlens_q[b + 1] − cu_seqlens_q[b]`) than its cached length
+/// `seqlens_k[b]`; the message names the first that does. (The offsets and lengths themselves
+/// were checked before.)
+pub(crate) fn check_chunk_lengths(cu_seqlens_q: &[i32], seqlens_k: &[i32]) -> Result<(), String> {
+    for (b, (w, &len)) in cu_seqlens_q.windows(2).zip(seqlens_k).enumerate() {
+        let new = w[1] - w[0];
+        if new > len {
+            return Err(format!(
+                "sequence {b} has {new} new tokens (cu_seqlens_q[{}] - cu_seqlens_q[{b}]) but seqlens_k[{b}] is {len}; the cached length counts the new tokens, so it must be at least {new}",
+                b + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The queries of a chunked prefill for [`Runtime::forward_paged_varlen`]: sequence `b`'s new
 /// tokens are rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of a packed Q `[1, total_q, heads_q,
 /// d]` (`batch + 1` non-decreasing i32 offsets from 0 to `total_q`, on the device and as a host
@@ -299,6 +316,9 @@ impl Runtime {
             None => (b0, s0),
         };
         kv.check_host(batch)?;
+        if let (Some(qs), Some((_, lens))) = (queries, kv.host) {
+            check_chunk_lengths(qs.host, lens).map_err(invalid)?;
+        }
         let shape = ProblemShape {
             batch,
             seq_q,

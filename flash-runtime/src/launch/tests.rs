@@ -394,3 +394,14 @@ fn dropout_state_and_probability_are_checked_and_packed() {
     .to_string();
     assert!(e.contains("declares no dropout"), "{e}");
 }
+
+#[test]
+fn a_chunk_cannot_have_more_new_tokens_than_its_cached_length() {
+    use super::splitkv::check_chunk_lengths;
+    assert!(check_chunk_lengths(&[0, 3, 3, 10], &[3, 0, 500]).is_ok());
+    let e = check_chunk_lengths(&[0, 3, 9], &[5, 4]).unwrap_err();
+    assert!(
+        e.contains("sequence 1 has 6 new tokens") && e.contains("seqlens_k[1] is 4"),
+        "{e}"
+    );
+}
