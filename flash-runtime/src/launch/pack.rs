@@ -50,6 +50,11 @@ pub fn pack_args(
     } else {
         Some(split_dropout(spec, params)?)
     };
+    // The probability is checked for every kernel of a dropout variant, whether or not its
+    // argument struct carries the generator (the split-KV kernels do not).
+    if let Some((declared, _)) = &dropout {
+        check_probability(plan, declared)?;
+    }
     // Kernels that never read the params (backward pre-processing, dQ conversion) take none.
     let reads_params = plan
         .args
@@ -86,11 +91,10 @@ pub fn pack_args(
             },
             ArgField::DropoutRng => {
                 // A dropout kernel given no params at all gets `split_dropout`'s message.
-                let (declared, rng) = match dropout {
+                let (_, rng) = match dropout {
                     Some(d) => d,
                     None => split_dropout(spec, params)?,
                 };
-                check_probability(plan, declared)?;
                 let rng = rng.expect("a plan with a dropout field belongs to a dropout variant");
                 out[..8].copy_from_slice(&rng.seed.to_le_bytes());
                 out[8..].copy_from_slice(&rng.offset.to_le_bytes());

@@ -126,10 +126,12 @@ pub struct PackedQueries<'a> {
 
 impl Runtime {
     /// Whether [`Runtime::forward_spec`] runs `spec` at `shape` through the split-KV pass: the
-    /// variant has one ([`splitkv_unsupported`]) and the packed rows of a KV head are at most
-    /// [`SPLITKV_MAX_ROWS`].
+    /// variant has one ([`splitkv_unsupported`]), has no dropout (its split-KV kernel applies
+    /// none, so a training launch keeps the forward kernel; `forward_split_kv` serves it at
+    /// p = 0) and the packed rows of a KV head are at most [`SPLITKV_MAX_ROWS`].
     pub fn takes_split_kv(&self, spec: &VariantSpec, shape: ProblemShape) -> bool {
         splitkv_unsupported(spec).is_none()
+            && spec.dropout.is_none()
             && shape.heads_kv > 0
             && shape.heads_q.is_multiple_of(shape.heads_kv)
             && shape.seq_q > 0

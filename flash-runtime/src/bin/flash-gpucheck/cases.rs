@@ -133,8 +133,9 @@ pub fn run_case(
             )
         })
         .collect();
-    // A dropout variant's split-KV kernel serves it at p = 0: the decode and packed checks run
-    // it with their own (p = 0) references; this case's params draw p > 0.
+    // A dropout variant's split-KV kernel serves it at p = 0 and this case's params draw p > 0:
+    // the paged decode and chunked-prefill checks run its paged kernels at p = 0; the kernel
+    // over contiguous K/V (the same code with another row lookup) is not checked on its own.
     if splitkv_unsupported(spec).is_none() && spec.dropout.is_none() {
         paths.push(("splitkv".into(), Path::SplitKv(None)));
         paths.push(("splitkv3".into(), Path::SplitKv(Some(3))));

@@ -22,7 +22,6 @@ pub fn draw(rng: &mut Rng, n: usize, dt: DType) -> (Vec<u16>, Vec<f64>) {
     (bits, vals)
 }
 
-/// Random values for every param of `spec` at `sizes`.
 /// [`random_params`] for the kernels that serve a variant (split-KV, paged, packed): a dropout
 /// probability is 0 there (they apply none; the launch refuses any other value), so the
 /// reference is the variant without dropout.
@@ -34,6 +33,7 @@ pub fn serving_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamV
     pv
 }
 
+/// Random values for every param of `spec` at `sizes`.
 pub fn random_params(spec: &VariantSpec, sizes: Sizes, rng: &mut Rng) -> ParamValues {
     let vals = spec
         .params
