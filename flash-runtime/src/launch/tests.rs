@@ -339,6 +339,19 @@ fn serving_kernels_of_a_dropout_variant_require_p_zero() {
     }
     let training = flash_dsl::plan(&spec, None).unwrap();
     assert!(pack::check_probability(&training, &[ParamArg::F32(0.1), rng]).is_ok());
+    // Through the argument packer too: the split-KV kernels' arguments carry no generator
+    // state, and the probability is still checked (before any operand is looked at).
+    let e = pack::pack_args(
+        &serving[0],
+        &[],
+        &check::Extents::default(),
+        &[ParamArg::F32(0.1), rng],
+        &[],
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("does not apply dropout"), "{e}");
 }
 
 #[test]
