@@ -6,7 +6,9 @@ Reads the document lengths from flash-gpucheck's `varlen_docs_*` rows (`--varlen
 bf16, d=128, 16 heads, forward, with triton's do_bench (median, L2 flushed) as peers.py does:
 - FlexAttention over the documents packed into one sequence, with a document mask (and a
   document-causal one), its block mask built once outside the timing (its build time printed);
-- FlashAttention-2's packed entry point `flash_attn_varlen_func`, where it is installed.
+- FlashAttention-2's packed entry point `flash_attn_varlen_func`, where it is installed;
+- PyTorch SDPA on jagged nested tensors of the same rows and offsets, flash (FA2's varlen
+  kernel) and cuDNN backends, where they take them (not yet run on the device machine).
 TFLOP/s counts the documents' own (q, k) pairs (half for causal), as flash-gpucheck does.
 Rows: backend, variant (`varlen_docs_dense`, `varlen_docs_causal`), dtype, d, n (tokens), b
 (documents), h, causal, mode, ms, tflops.
@@ -74,6 +76,27 @@ def main():
             row("fa2", causal, ms)
     except Exception as e:  # pragma: no cover
         print(f"# flash_attn unavailable: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+
+    # PyTorch SDPA over jagged nested tensors (the same packed rows and offsets): its flash
+    # backend runs FlashAttention-2's varlen kernel, where the flash_attn package is missing.
+    try:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        offs = cu.long()
+        qj, kj, vj = (torch.nested.nested_tensor_from_jagged(x[0], offs).transpose(1, 2) for x in (q, k, v))
+        for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            for causal in (False, True):
+                try:
+                    with torch.no_grad(), sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qj, kj, vj, is_causal=causal)
+                        ms = do_bench(lambda: F.scaled_dot_product_attention(qj, kj, vj, is_causal=causal),
+                                      warmup=25, rep=100, return_mode="median")
+                    row(name, causal, ms)
+                except Exception as e:  # pragma: no cover
+                    print(f"# {name} on jagged tensors unavailable (causal={int(causal)}): {type(e).__name__}: {str(e)[:200]}",
+                          file=sys.stderr)
+    except Exception as e:  # pragma: no cover
+        print(f"# jagged nested tensors unavailable: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
 
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1)
