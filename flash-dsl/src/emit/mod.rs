@@ -168,8 +168,9 @@ struct Context {
     varlen: bool,
     /// K and V are packed sequences found through `cu_seqlens_k`.
     varlen_k: bool,
-    /// Sequences differ in length (`paged` or `varlen`): the hooks take a `Seq` with each
-    /// sequence's lengths and first rows, read once per work item, instead of the batch index.
+    /// Sequences differ in length (`paged` or `varlen`; `varlen_k` implies `varlen`): the hooks
+    /// take a `Seq` with each sequence's lengths and first rows, read once per work item, instead
+    /// of the batch index.
     per_seq: bool,
     /// The quantisation kernel: rotate first; write V transposed for P·V; the PTX fp8 type; its largest finite value; the
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
@@ -327,6 +328,14 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         Some(crate::spec::Dropout::Param(i)) => cx.expr(&crate::spec::Expr::Scalar(i)),
         None => String::new(),
     };
+    let paged = matches!(
+        plan.kind,
+        KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen
+    );
+    let varlen = matches!(
+        plan.kind,
+        KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
+    );
     let ctx = Context {
         generator_version: crate::GENERATOR_VERSION,
         variant: spec.name.clone(),
@@ -380,19 +389,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
         map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),
         map_per_head: plan.block_map.is_some_and(|m| m.per_head),
-        paged: matches!(
-            plan.kind,
-            KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen
-        ),
-        varlen: matches!(
-            plan.kind,
-            KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
-        ),
+        paged,
+        varlen,
         varlen_k: plan.kind == KernelKind::ForwardVarlen,
-        per_seq: matches!(
-            plan.kind,
-            KernelKind::SplitKvPaged | KernelKind::SplitKvPagedVarlen | KernelKind::ForwardVarlen
-        ),
+        per_seq: paged || varlen,
         quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
         quant_transpose: plan.quant.is_some_and(|q| q.transpose),
         quant_type: plan
