@@ -154,6 +154,11 @@ struct Context {
     map_per_head: bool,
     /// The build kernel checks a sparsity layout and decides tiles by it.
     map_layout: bool,
+    /// The kernel walks its key tiles without a block map and decides them by the sparsity
+    /// layout itself (split-KV, paged and packed kernels of a block-sparse variant).
+    walk_layout: bool,
+    /// The hooks define the layout's look-ups (`map_layout` or `walk_layout`).
+    has_layout: bool,
     /// The layout's argument-struct field, blocks, slots per block, leading dims.
     layout_field: String,
     layout_block: u32,
@@ -336,6 +341,17 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         plan.kind,
         KernelKind::ForwardVarlen | KernelKind::SplitKvPagedVarlen
     );
+    let map_layout = matches!(plan.kind, KernelKind::BlockMap | KernelKind::BlockMapKeys)
+        && spec.sparsity.is_some();
+    let walk_layout = spec.sparsity.is_some()
+        && plan.block_map.is_none()
+        && matches!(
+            plan.kind,
+            KernelKind::SplitKv
+                | KernelKind::SplitKvPaged
+                | KernelKind::SplitKvPagedVarlen
+                | KernelKind::ForwardVarlen
+        );
     let ctx = Context {
         generator_version: crate::GENERATOR_VERSION,
         variant: spec.name.clone(),
@@ -375,8 +391,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .as_ref()
             .and_then(|m| mask_bits_body(&m.expr, &cx))
             .unwrap_or_default(),
-        map_layout: matches!(plan.kind, KernelKind::BlockMap | KernelKind::BlockMapKeys)
-            && spec.sparsity.is_some(),
+        map_layout,
+        walk_layout,
+        has_layout: map_layout || walk_layout,
         layout_field: spec
             .sparsity
             .map(|sp| format!("p_{}", spec.params[sp.param].name))

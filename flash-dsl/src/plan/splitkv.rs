@@ -23,6 +23,12 @@
 //! never wait on each other keep the most. The warps' online-softmax states are merged in shared
 //! memory at the end. The tile walk, the classification of key tiles (empty tiles skipped, no
 //! mask code on full ones) and the hooks are the forward's.
+//!
+//! A block-sparse layout is read without a block map: a key tile is skipped when no row of the
+//! tile (its query head, its query block) lists the tile's key block, run without the layout's
+//! check when every row does, and otherwise checked per row (one look-up per row and tile: a key
+//! tile lies inside one layout block). As in the packed kernel, the layout's entries are not
+//! validated here; one that is no key block never matches (reads as −1).
 
 use super::mask::analyse_mask;
 use super::operand::{
@@ -111,9 +117,7 @@ pub fn splitkv_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(
 
 /// Why a variant has no split-KV path (the forward kernel still runs it), or `None`.
 pub fn splitkv_unsupported(spec: &VariantSpec) -> Option<&'static str> {
-    if spec.sparsity.is_some() {
-        Some("a block-sparse layout is walked through its block map, which the split-KV kernel does not read")
-    } else if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
+    if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
         // A runtime probability is served at p = 0 (the launch checks it); a constant one
         // cannot be turned off.
         Some("a constant dropout probability cannot be turned off, and the split-KV kernel (inference) does not apply dropout; declare the probability as a runtime param and pass p = 0")

@@ -21,15 +21,19 @@
 //! A mask that reads tensors (document ids, say) is walked without a block map, which is built
 //! per batch element of one length: each key tile is classified from the range of the values the
 //! mask reads over the tile's rows (warp-collective lookups), so a tile is skipped or run without
-//! the mask exactly where the ranges decide it, and otherwise masked per element.
+//! the mask exactly where the ranges decide it, and otherwise masked per element. A block-sparse
+//! layout is read the same way: a key tile whose block the query tile's layout row does not list
+//! is skipped (the layout's blocks are whole tiles, so the layout decides whole tiles), with the
+//! layout's rows at per-sequence query blocks, its `seq / N` extent sized by the longest
+//! sequence. Unlike the dense forward's block-map build, these kernels do not check the layout's
+//! entries: one that is no key block of the sequence never matches, i.e. reads as unused (−1).
 //!
 //! A variant with dropout is served at p = 0: its probability must be a runtime param, which the
 //! launch requires to be 0 (the packed kernel applies no dropout; there is no packed backward
 //! pass to train with it).
 //!
-//! What stays outside: block-sparse layouts (walked only through a block map) and a constant
-//! dropout probability. [`varlen_unsupported`] says why, and the plan fails with
-//! [`PlanError::VarlenVariant`].
+//! What stays outside: a constant dropout probability. [`varlen_unsupported`] says why, and the
+//! plan fails with [`PlanError::VarlenVariant`].
 
 use super::forward::{attention_scalars, forward_operands, plan_forward, SCHED_OPERAND};
 use super::operand::{arg_layout, ArgField, Extent, Layout, Operand, OperandType, Role};
@@ -46,9 +50,7 @@ pub const CU_SEQLENS_K_OPERAND: &str = "cu_seqlens_k";
 
 /// Why a variant has no variable-length kernel, or `None`.
 pub fn varlen_unsupported(spec: &VariantSpec) -> Option<&'static str> {
-    if spec.sparsity.is_some() {
-        Some("a block-sparse layout is walked through a block map, which is built per batch element of one length")
-    } else if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
+    if matches!(spec.dropout, Some(crate::spec::Dropout::Const(_))) {
         // A runtime probability is served at p = 0 (the launch checks it); a constant one
         // cannot be turned off.
         Some("a constant dropout probability cannot be turned off, and the packed kernel does not apply dropout (packed batches have no backward pass); declare the probability as a runtime param and pass p = 0")

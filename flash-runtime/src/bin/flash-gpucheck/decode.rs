@@ -267,7 +267,14 @@ pub fn check_paged(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                         for (bi, &len) in lens.iter().enumerate() {
                             // The reference of sequence bi alone: its queries, its keys, and the
                             // params sliced to its own `seq` extent.
-                            let pv = crate::device::seq_params(&spec, &params, sq.max(len));
+                            let launch = Sizes {
+                                batch: b,
+                                heads: hq,
+                                seq_q: sq,
+                                seq_k: cap,
+                            };
+                            let pv =
+                                crate::device::seq_params(&spec, &params, sq.max(len), bi, launch);
                             let problem = Problem {
                                 batch: 1,
                                 heads_q: hq,

@@ -167,17 +167,40 @@ pub fn param_args<'a>(
     args
 }
 
-/// The params of one sequence of a batch whose `seq` tensors are sized for a longer one: 1-D
-/// `seq` tensors cut to the sequence's `n` positions (the only `seq`-sized params the example
-/// variants have; the kernels index them by position, so the prefix is what they read), the
-/// others unchanged.
-pub fn seq_params(spec: &VariantSpec, params: &ParamValues, n: usize) -> ParamValues {
+/// The params of sequence `bi` of a batch whose `seq` tensors are sized for a longer one (the
+/// launch's `launch` sizes), for the reference of that sequence alone (batch 1, `n` =
+/// max(its seq_q, its seq_k) positions): 1-D `seq` tensors cut to its `n` positions (the only
+/// `seq`-sized params the example variants have; the kernels index them by position, so the
+/// prefix is what they read); a sparsity layout cut to its own query blocks (the first
+/// ⌈n / block⌉ rows of each head's rows, of batch element `bi` where the layout has one slot per
+/// batch element); the others unchanged.
+pub fn seq_params(
+    spec: &VariantSpec,
+    params: &ParamValues,
+    n: usize,
+    bi: usize,
+    launch: Sizes,
+) -> ParamValues {
     ParamValues::new(
         params
             .0
             .iter()
             .zip(&spec.params)
-            .map(|(v, p)| match (v, &p.kind) {
+            .enumerate()
+            .map(|(i, (v, p))| match (v, &p.kind) {
+                (ParamValue::IntTensor(t), _) if spec.sparsity.is_some_and(|sp| sp.param == i) => {
+                    let sp = spec.sparsity.expect("checked");
+                    let (blk, slots) = (sp.block as usize, sp.slots as usize);
+                    let longest = launch.seq_q.max(launch.seq_k).div_ceil(blk);
+                    let own = n.div_ceil(blk);
+                    let heads = if sp.per_head { launch.heads } else { 1 };
+                    let first = if sp.per_batch { bi * heads } else { 0 };
+                    ParamValue::IntTensor(
+                        (first..first + heads)
+                            .flat_map(|r| t[r * longest * slots..][..own * slots].iter().copied())
+                            .collect(),
+                    )
+                }
                 (ParamValue::IntTensor(t), ParamKind::Tensor { dims, .. })
                     if dims.as_slice() == [Dim::Seq] =>
                 {

@@ -212,11 +212,17 @@ fn run_packed(
             total_q: tq,
             heads: (hq, hkv),
         };
+        let launch = Sizes {
+            batch: b,
+            heads: hq,
+            seq_q: mq,
+            seq_k: mk,
+        };
         out.push(sequence_case(
             name,
             format!("{fam:?}"),
             spec,
-            &params,
+            &seq_params(spec, &params, sq.max(sk), bi, launch),
             &rows,
             (q0, sq),
             keys,
@@ -238,8 +244,8 @@ struct PackedRows<'a> {
 }
 
 /// The case of one sequence of a packed launch: its `sq` queries from packed row `q0`, its keys
-/// and values (`[sk, heads_kv, d]`), its params cut to its own `seq` extent, and its rows of the
-/// packed O and LSE as the run of `run`.
+/// and values (`[sk, heads_kv, d]`), its params (already cut to its own `seq` extent by
+/// `seq_params`), and its rows of the packed O and LSE as the run of `run`.
 fn sequence_case(
     name: String,
     run: String,
@@ -261,7 +267,7 @@ fn sequence_case(
         q: rows.qv[q0 * hq * dq..][..sq * hq * dq].to_vec(),
         k,
         v,
-        params: seq_params(spec, params, sq.max(sk)),
+        params: params.clone(),
         rng: crate::device::CHECK_RNG,
     };
     let ob: Vec<f64> = rows.o[q0 * hq * dv..][..sq * hq * dv]
@@ -468,11 +474,17 @@ pub fn check_chunked(rt: &Runtime, specs: &[VariantSpec]) -> (usize, usize) {
                             let (sq, sk, q0) = (lens_q[bi], lens_k[bi], cq[bi] as usize);
                             let name = format!("{label} seq {bi} ({sq} new of {sk}) splits {used}");
                             let keys = (cache.k_rows[bi].1.clone(), cache.v_rows[bi].1.clone());
+                            let launch = Sizes {
+                                batch: b,
+                                heads: hq,
+                                seq_q: mq,
+                                seq_k: cap,
+                            };
                             cases.push(sequence_case(
                                 name,
                                 "chunked".into(),
                                 &spec,
-                                &params,
+                                &seq_params(&spec, &params, sq.max(sk), bi, launch),
                                 &rows,
                                 (q0, sq),
                                 keys,
