@@ -94,6 +94,8 @@ grad_cases = [
     ("causal.flash", [], causal, None, None, None),
     ("softcap.flash", ["--param", "cap=5"], causal, lambda s, c: c * torch.tanh(s / c), np.array([5.0]), "cap"),
     ("alibi.flash", ["--param", f"slopes={tmp}/slopes.npy"], causal, alibi_score, slopes.astype(np.float64), "slopes"),
+    # No --dparam: the slopes are frozen (the kernels without their gradient terms).
+    ("alibi.flash", ["--param", f"slopes={tmp}/slopes.npy"], causal, alibi_score, slopes.astype(np.float64), None),
 ]
 for f, extra, m, sf, pv, pname in grad_cases:
     outs = {n: f"{tmp}/g_{n}.npy" for n in ("o", "dq", "dk", "dv", "dp")}
@@ -104,11 +106,11 @@ for f, extra, m, sf, pv, pname in grad_cases:
         cmd += ["--dparam", f"{pname}={outs['dp']}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        print("FAIL bwd", f, r.stderr.strip()[-800:]); bad += 1; continue
+        print("FAIL bwd", f, pname, r.stderr.strip()[-800:]); bad += 1; continue
     want = dict(zip(("o", "dq", "dk", "dv", "dp"), ref_grad(m, sf, pv)))
     ok, parts = True, []
     for n in ("o", "dq", "dk", "dv", "dp"):
-        if want[n] is None:
+        if want[n] is None or (n == "dp" and not pname):
             continue
         got = np.load(outs[n]).astype(np.float64)
         scale = max(1.0, float(np.abs(want[n]).max()))
@@ -118,7 +120,8 @@ for f, extra, m, sf, pv, pname in grad_cases:
         name = f"d{pname}" if n == "dp" else n
         parts.append(f"{name} err {err:.2e} (max|ref| {scale:.1e}){'' if good else ' !'}")
     bad += not ok
-    print("ok  " if ok else "FAIL", "bwd", f, "; ".join(parts), r.stderr.strip().splitlines()[-1:])
+    label = f + (" (frozen)" if pv is not None and not pname else "")
+    print("ok  " if ok else "FAIL", "bwd", label, "; ".join(parts), r.stderr.strip().splitlines()[-1:])
 # Dropout through the CLI: --seed/--offset, the mask written by --dropout-mask, O and the
 # gradients against autograd with that mask; then the mask's kept fraction, and a second seed.
 P_DROP = 0.2

@@ -435,6 +435,7 @@ mod tests {
     fn fixed_dims_clamp_and_rows_are_row_major() {
         let s = spec(vec![ParamDecl {
             name: "bias".into(),
+            frozen: false,
             kind: ParamKind::Tensor {
                 elem: ScalarTy::F32,
                 dims: vec![Dim::Heads, Dim::Fixed(3)],
@@ -461,6 +462,7 @@ mod tests {
     fn seq_dims_are_bounds_checked() {
         let s = spec(vec![ParamDecl {
             name: "doc".into(),
+            frozen: false,
             kind: ParamKind::Tensor {
                 elem: ScalarTy::I32,
                 dims: vec![Dim::Seq],
@@ -480,6 +482,7 @@ mod tests {
     fn short_tensors_are_reported() {
         let s = spec(vec![ParamDecl {
             name: "doc".into(),
+            frozen: false,
             kind: ParamKind::Tensor {
                 elem: ScalarTy::I32,
                 dims: vec![Dim::Seq],

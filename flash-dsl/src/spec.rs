@@ -106,6 +106,13 @@ pub struct ParamDecl {
     pub name: String,
     /// Scalar or tensor, and its element type.
     pub kind: ParamKind,
+    /// The backward pass computes no gradient for this parameter (PyTorch's
+    /// `requires_grad=False`: a fixed ALiBi slope, a constant cap): its terms leave the backward
+    /// kernels, which then run as if it were a constant. Not declared in the language — the
+    /// runtime sets it per backward call for every `f32` parameter given no gradient buffer
+    /// ([`VariantSpec::with_frozen`]), so one declaration serves both uses.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
 }
 
 /// What a declared parameter is: one value, or a tensor read element-wise by expressions.
@@ -424,6 +431,18 @@ pub enum Dropout {
 }
 
 impl VariantSpec {
+    /// This spec with the parameters `frozen` (indices) marked [`ParamDecl::frozen`]: the spec
+    /// a backward pass that wants none of their gradients is planned from.
+    pub fn with_frozen(&self, frozen: &[usize]) -> VariantSpec {
+        let mut s = self.clone();
+        for &i in frozen {
+            if let Some(p) = s.params.get_mut(i) {
+                p.frozen = true;
+            }
+        }
+        s
+    }
+
     /// The softmax scale this variant uses.
     pub fn softmax_scale(&self) -> f64 {
         match self.scale {

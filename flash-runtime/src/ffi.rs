@@ -43,24 +43,39 @@ use crate::prepared::PreparedLaunch;
 // TMA descriptors
 // ---------------------------------------------------------------------------------------------
 
-/// Encodes a TMA descriptor for a 4-D tensor of `dtype` elements: `dims` innermost first
-/// (head dim, seq, heads, batch), `strides` in bytes of dims 1..3, a box of 64 columns × `rows`
-/// × 1 × 1, 128-byte swizzle, zero fill out of range. Returns the 128 opaque bytes the kernel
-/// reads from its argument struct, or the driver's error. The driver only reads the arrays and
-/// writes the descriptor; no device memory is touched until a kernel uses it.
+/// The element types a TMA descriptor is encoded for: the storage types of Q, K, V, dO, and
+/// fp32 (the backward's dQ accumulator, which the wgmma kernel adds into by TMA reductions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TmaElem {
+    Storage(flash_dsl::DType),
+    F32,
+}
+
+/// Encodes a TMA descriptor for a 4-D tensor of `elem` elements: `dims` innermost first
+/// (head dim, seq, heads, batch), `strides` in bytes of dims 1..3, a box of 128 bytes of columns
+/// (64 16-bit or 32 fp32 elements) × `rows` × 1 × 1, 128-byte swizzle, zero fill out of range.
+/// Returns the 128 opaque bytes the kernel reads from its argument struct, or the driver's
+/// error. The driver only reads the arrays and writes the descriptor; no device memory is
+/// touched until a kernel uses it.
 pub(crate) fn encode_tma_4d(
     ptr: u64,
-    dtype: flash_dsl::DType,
+    elem: TmaElem,
     dims: [u64; 4],
     strides: [u64; 3],
     rows: u32,
 ) -> Result<[u8; 128], cu::CUresult> {
     let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::zeroed();
-    let box_dim: [u32; 4] = [64, rows, 1, 1];
+    let cols = if elem == TmaElem::F32 { 32 } else { 64 };
+    let box_dim: [u32; 4] = [cols, rows, 1, 1];
     let elem_strides: [u32; 4] = [1, 1, 1, 1];
-    let dtype = match dtype {
-        flash_dsl::DType::Bf16 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        flash_dsl::DType::F16 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    let dtype = match elem {
+        TmaElem::Storage(flash_dsl::DType::Bf16) => {
+            cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+        }
+        TmaElem::Storage(flash_dsl::DType::F16) => {
+            cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        }
+        TmaElem::F32 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
     };
     // SAFETY: `map` is writable storage of the descriptor's type; the four arrays have the
     // lengths a rank-4 encode reads (dims 4, strides 3, box 4, element strides 4) and outlive

@@ -79,6 +79,34 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
         11 * (per(3) + per(2) + per(2)),
         "eleven example variants"
     );
+    // The frozen kernels (no score parameter's gradient wanted) of the variants that have
+    // parameter gradients: the sm80 pipeline and the wgmma default main kernel, d 128 bf16.
+    let mut frozen_variants = 0;
+    for spec in examples() {
+        let mut s = spec.clone();
+        (s.head_dim_qk, s.head_dim_v, s.dtype) = (128, 128, DType::Bf16);
+        let wanted = flash_dsl::plan::grad_params(&s);
+        if wanted.is_empty() {
+            continue;
+        }
+        frozen_variants += 1;
+        let frozen = s.with_frozen(&wanted);
+        assert!(flash_dsl::plan::grad_params(&frozen).is_empty());
+        let pipe = backward_pipeline(&frozen, default_backward_config())
+            .unwrap_or_else(|e| panic!("{} frozen: {e}", s.name));
+        for p in pipe.kernels {
+            assert!(p.kernel_name.contains("_frozen_"), "{}", p.kernel_name);
+            jobs.push((p, "sm_80"));
+        }
+        let cfg = default_backward_config_for(&frozen, KernelFamily::Sm90Ws);
+        let p = plan_backward_main_with(&frozen, cfg, false)
+            .unwrap_or_else(|e| panic!("{} frozen: {e}", s.name));
+        jobs.push((p, "sm_90a"));
+    }
+    assert!(
+        frozen_variants >= 3,
+        "Softcap, Alibi, RelativeBias have parameter gradients"
+    );
     let rows = common::par_map(&jobs, |(p, arch)| {
         let k = compile(&emit(p), &CompileOptions::new(*arch))
             .unwrap_or_else(|e| panic!("{} {arch}: {e}", p.kernel_name));

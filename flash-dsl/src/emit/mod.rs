@@ -139,6 +139,8 @@ struct Context {
     deterministic: bool,
     /// The wgmma backward forms P early (see `plan::backward::early_p`).
     early_p: bool,
+    /// The wgmma backward adds dQ by TMA reductions from staged tiles (`plan::backward::dq_by_tma`).
+    dq_tma: bool,
     /// The kernel decides dropout (forward and backward main kernels of a variant with dropout).
     has_dropout: bool,
     /// The dropout probability as a C++ `float` expression over `args`.
@@ -384,6 +386,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_fix_body: grads.fix,
         deterministic: plan.deterministic,
         early_p: plan.kind == KernelKind::BackwardMain && crate::plan::backward::early_p(spec),
+        dq_tma: plan.kind == KernelKind::BackwardMain
+            && plan
+                .operand("dq_accum")
+                .is_some_and(|(_, o)| o.tma_rows.is_some()),
         has_dropout,
         dropout_p,
         mask_bits_body: plan

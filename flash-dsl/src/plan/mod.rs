@@ -186,8 +186,19 @@ pub struct Pipeline {
 /// `flash_<kind>_<name>_<dtype>_d<dqk>x<dv>_m<bm>n<bn>w<w>s<st>[_<family>]`, restricted to
 /// `[a-z0-9_]`.
 pub fn kernel_name(kind: KernelKind, spec: &VariantSpec, cfg: &TileConfig) -> String {
+    // A backward kernel planned without some parameters' gradients (`ParamDecl::frozen`) names
+    // them: `_frozen_<param>` each.
+    let frozen: String = match kind {
+        KernelKind::BackwardPre | KernelKind::BackwardMain | KernelKind::DqConvert => spec
+            .params
+            .iter()
+            .filter(|p| p.frozen)
+            .map(|p| format!("_frozen_{}", p.name.to_lowercase()))
+            .collect(),
+        _ => String::new(),
+    };
     let raw = format!(
-        "flash_{}_{}_{}_d{}x{}_m{}n{}w{}s{}{}",
+        "flash_{}_{}_{}_d{}x{}_m{}n{}w{}s{}{}{frozen}",
         kind.tag(),
         spec.name.to_lowercase(),
         spec.dtype.name(),

@@ -501,10 +501,12 @@ mod tests {
         let spec = spec_with(vec![
             ParamDecl {
                 name: "c".into(),
+                frozen: false,
                 kind: ParamKind::Scalar(ScalarTy::F32),
             },
             ParamDecl {
                 name: "t".into(),
+                frozen: false,
                 kind: ParamKind::Tensor {
                     elem: ScalarTy::F32,
                     dims: vec![],

@@ -70,6 +70,7 @@ fn defaults_by_head_dim() {
 fn a_score_hook_reading_a_tensor_gets_16_row_warps() {
     let table = ParamDecl {
         name: "bias".into(),
+        frozen: false,
         kind: ParamKind::Tensor {
             elem: ScalarTy::F32,
             dims: vec![crate::spec::Dim::Fixed(8)],
@@ -210,10 +211,12 @@ fn smem_threads_name_and_layout() {
     let params = vec![
         ParamDecl {
             name: "cap".into(),
+            frozen: false,
             kind: ParamKind::Scalar(ScalarTy::F32),
         },
         ParamDecl {
             name: "doc".into(),
+            frozen: false,
             kind: ParamKind::Tensor {
                 elem: ScalarTy::I32,
                 dims: vec![Dim::Seq],
@@ -221,6 +224,7 @@ fn smem_threads_name_and_layout() {
         },
         ParamDecl {
             name: "n".into(),
+            frozen: false,
             kind: ParamKind::Scalar(ScalarTy::I32),
         },
     ];

@@ -140,7 +140,11 @@ pub(super) fn check_params(ps: &[ParamAst], errs: &mut Vec<Report>) -> Vec<Param
                 ParamKind::Tensor { elem, dims }
             }
         };
-        out.push(ParamDecl { name, kind });
+        out.push(ParamDecl {
+            name,
+            kind,
+            frozen: false,
+        });
     }
     out
 }

@@ -65,6 +65,7 @@ pub fn base(name: &str, d: u32, dtype: DType) -> VariantSpec {
 pub fn tensor(name: &str, elem: ScalarTy, dims: Vec<Dim>) -> ParamDecl {
     ParamDecl {
         name: name.into(),
+        frozen: false,
         kind: ParamKind::Tensor { elem, dims },
     }
 }
@@ -72,6 +73,7 @@ pub fn tensor(name: &str, elem: ScalarTy, dims: Vec<Dim>) -> ParamDecl {
 pub fn scalar(name: &str, ty: ScalarTy) -> ParamDecl {
     ParamDecl {
         name: name.into(),
+        frozen: false,
         kind: ParamKind::Scalar(ty),
     }
 }

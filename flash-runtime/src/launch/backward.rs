@@ -5,7 +5,8 @@
 //!
 //! dK and dV are summed over the query heads of each KV group in registers (deterministic); dQ
 //! is accumulated with fp32 atomics, so its last bits can differ between runs. Gradients of the
-//! score's `f32` parameters are zeroed, then added into (fp32 atomics).
+//! score's `f32` parameters are zeroed, then added into (fp32 atomics); a parameter given no
+//! gradient buffer is frozen, and the kernels are generated without its terms.
 
 use std::marker::PhantomData;
 
@@ -66,8 +67,10 @@ pub struct BackwardInputs<'a> {
 }
 
 /// What the backward pass writes: dQ, dK, dV (layouts of Q, K, V) and, by parameter index, the
-/// gradient of each `f32` parameter the score depends on (`None`: not wanted; scalars get a
-/// one-element buffer). Parameter gradients are overwritten, not accumulated into.
+/// gradient of each `f32` parameter the score depends on (`None`: not wanted — the parameter is
+/// then frozen, and the kernels run without its gradient terms, as PyTorch's
+/// `requires_grad=False`; scalars get a one-element buffer). Parameter gradients are
+/// overwritten, not accumulated into.
 pub struct BackwardGrads<'a> {
     /// Gradient of Q (layout of Q); accumulated in fp32 scratch, then converted.
     pub dq: TensorMut<'a>,
@@ -76,8 +79,33 @@ pub struct BackwardGrads<'a> {
     /// Gradient of V (layout of V), summed over the query heads of each KV group.
     pub dv: TensorMut<'a>,
     /// One slot per variant parameter, by index: a buffer for the gradient of an `f32`
-    /// parameter the score depends on, or `None` where it is not wanted.
+    /// parameter the score depends on, or `None` where it is not wanted (frozen: not computed
+    /// at all; a shorter list leaves the rest out).
     pub dparams: Vec<Option<&'a mut CudaSlice<f32>>>,
+}
+
+/// The `f32` parameters whose gradient `spec`'s backward would compute but `grads` has no
+/// buffer for (to be frozen), or `None` when there are none. Only a call that leaves out an
+/// `f32` parameter's buffer differentiates the score here.
+fn frozen_params(spec: &VariantSpec, grads: &BackwardGrads<'_>) -> Option<Vec<usize>> {
+    let has_buffer = |i: usize| grads.dparams.get(i).is_some_and(|g| g.is_some());
+    let is_f32 = |p: &flash_dsl::spec::ParamDecl| match &p.kind {
+        flash_dsl::spec::ParamKind::Scalar(t) => *t == ScalarTy::F32,
+        flash_dsl::spec::ParamKind::Tensor { elem, .. } => *elem == ScalarTy::F32,
+    };
+    if spec
+        .params
+        .iter()
+        .enumerate()
+        .all(|(i, p)| !is_f32(p) || p.frozen || has_buffer(i))
+    {
+        return None;
+    }
+    let frozen: Vec<usize> = flash_dsl::plan::grad_params(spec)
+        .into_iter()
+        .filter(|&i| !has_buffer(i))
+        .collect();
+    (!frozen.is_empty()).then_some(frozen)
 }
 
 fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
@@ -139,6 +167,17 @@ impl Runtime {
         grads: &mut BackwardGrads<'_>,
         map: Option<&BlockMap>,
     ) -> Result<(), FlashError> {
+        // Parameters given no gradient buffer are frozen: the kernels are planned without their
+        // gradient terms (and, for per-head terms, without the correction's row sums), as if
+        // they were constants.
+        let frozen_spec;
+        let spec = match frozen_params(spec, grads) {
+            Some(frozen) => {
+                frozen_spec = spec.with_frozen(&frozen);
+                &frozen_spec
+            }
+            None => spec,
+        };
         let det = opts.deterministic;
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::plan(&spec.name, e);
         let pre = self.load_kind((KernelKind::BackwardPre, det), spec, None, || {
@@ -201,25 +240,16 @@ impl Runtime {
             sem_ops.push(OperandArg::flat(ptr, n_delta, ElemType::I32, me));
         }
 
-        // Gradient buffers: the caller's, or scratch for those not wanted; all zeroed first.
+        // Gradient buffers: the caller's (every wanted one has one: the others are frozen);
+        // all zeroed first.
         let wanted = planned_grad_params(&main.plan);
-        let mut scratch: Vec<CudaSlice<f32>> = Vec::new();
         let mut grad_args: Vec<Option<ParamArg<'_>>> = vec![None; spec.params.len()];
         for &i in &wanted {
-            let dst: &mut CudaSlice<f32> = match grads.dparams.get_mut(i).and_then(|g| g.as_mut()) {
-                Some(g) => g,
-                None => {
-                    let n = match params.get(i) {
-                        Some(ParamArg::Tensor { len, .. }) => (*len).max(1),
-                        _ => 1,
-                    };
-                    scratch.push(
-                        self.stream
-                            .alloc_zeros::<f32>(n)
-                            .map_err(|e| driver("allocating a gradient buffer", e))?,
-                    );
-                    scratch.last_mut().expect("just pushed")
-                }
+            let Some(dst) = grads.dparams.get_mut(i).and_then(|g| g.as_deref_mut()) else {
+                return Err(invalid(format!(
+                    "`{}`: no gradient buffer for `{}`, whose gradient the kernel computes",
+                    spec.name, spec.params[i].name
+                )));
             };
             self.stream
                 .memset_zeros(dst)
@@ -296,7 +326,6 @@ impl Runtime {
         }
         // The scratch buffers are freed on the stream, ordered after the kernels.
         drop(launches);
-        drop(scratch);
         drop(fix_bufs);
         drop(sem_buf);
         drop(owned_map);

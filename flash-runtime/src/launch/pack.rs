@@ -107,21 +107,40 @@ pub fn pack_args(
                 let op = &plan.operands[i];
                 let a = &operands[i];
                 let rows = op.tma_rows.expect("a TMA field belongs to a TMA operand");
-                let shape = a.shape.as_deref().unwrap_or(&[]);
+                // A flat buffer (the fp32 dQ accumulator) takes its extents from the plan's
+                // dims and is contiguous.
+                let (shape, strides): (Vec<usize>, Vec<i64>) = match &a.shape {
+                    Some(s) => (s.clone(), a.strides.clone()),
+                    None => {
+                        let s: Vec<usize> = op.dims.iter().map(|d| ext.get(*d)).collect();
+                        let mut st = vec![1i64; s.len()];
+                        for j in (0..s.len().saturating_sub(1)).rev() {
+                            st[j] = st[j + 1] * s[j + 1] as i64;
+                        }
+                        (s, st)
+                    }
+                };
                 // The driver rejects a zero-sized dimension; the kernel then has no tile to
                 // load and never reads the descriptor.
                 if shape.len() != 4 || shape.contains(&0) {
                     continue;
                 }
-                let flash_dsl::plan::OperandType::Storage(dtype) = op.ty else {
-                    return Err(invalid(format!(
-                        "operand {} is loaded through TMA but is not of the storage type",
-                        op.name
-                    )));
+                let elem_ty = match op.ty {
+                    flash_dsl::plan::OperandType::Storage(dtype) => {
+                        crate::ffi::TmaElem::Storage(dtype)
+                    }
+                    flash_dsl::plan::OperandType::F32 => crate::ffi::TmaElem::F32,
+                    _ => {
+                        return Err(invalid(format!(
+                            "operand {} is loaded through TMA but is of type {}",
+                            op.name,
+                            op.ty.name()
+                        )))
+                    }
                 };
                 let elem = op.ty.size() as u64;
                 let [b_, s_, h_, d_] = [shape[0], shape[1], shape[2], shape[3]].map(|x| x as u64);
-                let mut st: Vec<u64> = a.strides.iter().map(|x| *x as u64 * elem).collect();
+                let mut st: Vec<u64> = strides.iter().map(|x| *x as u64 * elem).collect();
                 // A batch of one (a packed batch) never steps along its batch stride, which may
                 // then be anything; the driver wants a valid one.
                 if b_ == 1 {
@@ -129,15 +148,15 @@ pub fn pack_args(
                 }
                 let map = crate::ffi::encode_tma_4d(
                     a.ptr,
-                    dtype,
+                    elem_ty,
                     [d_, s_, h_, b_],
                     [st[1], st[2], st[0]],
                     rows,
                 )
                 .map_err(|r| {
                     invalid(format!(
-                        "encoding the TMA descriptor of {} (shape {shape:?}, strides {:?}) failed: {r:?}",
-                        op.name, a.strides
+                        "encoding the TMA descriptor of {} (shape {shape:?}, strides {strides:?}) failed: {r:?}",
+                        op.name
                     ))
                 })?;
                 debug_assert_eq!(map.len(), TMA_DESC_BYTES as usize);

@@ -145,12 +145,14 @@ struct GpuGrads {
     dparams: Vec<Option<Vec<f64>>>,
 }
 
-/// Runs the backward pass of `p` into NaN-poisoned buffers and copies the gradients back.
+/// Runs the backward pass of `p` into NaN-poisoned buffers and copies the gradients back;
+/// `frozen`: with no parameter gradient buffers (the kernels without their terms).
 fn run_backward(
     rt: &Runtime,
     spec: &VariantSpec,
     p: &Prepared,
     opts: &BackwardOptions,
+    frozen: bool,
 ) -> Result<GpuGrads, FlashError> {
     let (b, sq, sk, hq, hkv) = p.dims;
     let dt = spec.dtype;
@@ -163,7 +165,7 @@ fn run_backward(
     let wanted = flash_dsl::plan::grad_params(spec);
     let mut gbufs: Vec<Option<CudaSlice<f32>>> = Vec::new();
     for (i, value) in p.params.0.iter().enumerate() {
-        gbufs.push(if wanted.contains(&i) {
+        gbufs.push(if wanted.contains(&i) && !frozen {
             let n = match value {
                 ParamValue::FloatTensor(v) => v.len(),
                 _ => 1,
@@ -295,7 +297,14 @@ fn case(
         config: Some(cfg),
         deterministic: false,
     };
-    let got = run_backward(rt, spec, &p, &opts)?;
+    let got = run_backward(rt, spec, &p, &opts, false)?;
+    // With parameter gradients, the same problem with every parameter frozen too (no gradient
+    // buffers: the kernels without the gradient terms), its dQ, dK, dV judged the same way.
+    let frozen = if flash_dsl::plan::grad_params(spec).is_empty() {
+        None
+    } else {
+        Some(run_backward(rt, spec, &p, &opts, true)?)
+    };
     let r64 = backward(spec, &p.problem, &p.dov);
     let plain = backward_lowp(spec, &p.problem, &p.dov, rounding(spec.dtype));
     let mut ok = true;
@@ -306,7 +315,7 @@ fn case(
         let err = max_abs_diff(got, want);
         let err_plain = max_abs_diff(low, want);
         let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
-        let floor = if name == "dq" || name == "dk" {
+        let floor = if name.ends_with("dq") || name == "dk" {
             d_floor
         } else {
             0.0
@@ -332,6 +341,11 @@ fn case(
             let (want, low) = (grad_values(&r64, i), grad_values(&plain, i));
             judge(&format!("d{}", spec.params[i].name), g, &want, &low);
         }
+    }
+    if let Some(f) = &frozen {
+        judge("frozen dq", &f.dq, &r64.dq, &plain.dq);
+        judge("dk", &f.dk, &r64.dk, &plain.dk);
+        judge("dv", &f.dv, &r64.dv, &plain.dv);
     }
     Ok((
         ok,
@@ -369,15 +383,15 @@ pub fn check_deterministic(
         deterministic: true,
     };
     let runs = [
-        run_backward(rt, spec, &p, &det)?,
-        run_backward(rt, spec, &p, &det)?,
-        run_backward(rt, spec, &p, &det)?,
+        run_backward(rt, spec, &p, &det, false)?,
+        run_backward(rt, spec, &p, &det, false)?,
+        run_backward(rt, spec, &p, &det, false)?,
     ];
     let nondet = BackwardOptions {
         config: Some(cfg),
         deterministic: false,
     };
-    let default = run_backward(rt, spec, &p, &nondet)?;
+    let default = run_backward(rt, spec, &p, &nondet, false)?;
     let bits = |g: &GpuGrads| -> Vec<u64> {
         g.dq.iter()
             .chain(&g.dk)

@@ -2,7 +2,9 @@
 //! peers.py variant workloads at d 128, bf16; the whole backward call (pre-processing, main
 //! kernel, dQ conversion, scratch allocation and gradient zeroing) between two CUDA events,
 //! median of several runs. FLOPs: 2.5× the forward's, as the FlashAttention papers count them
-//! (useful FLOPs, × mask density, for the variants).
+//! (useful FLOPs, × mask density, for the variants). The variants run with their score params
+//! frozen, as the peers' workloads are (their params carry no gradient), and where they have
+//! `f32` score params also with those params' gradients (`+dparams`, mode `bwd_dparams`).
 
 use flash_dsl::eval::ParamValues;
 use flash_dsl::plan::default_backward_config_for;
@@ -51,6 +53,10 @@ fn bufs(rt: &Runtime, elems: usize, rows: usize) -> Result<Bufs, FlashError> {
     })
 }
 
+/// Median time of the backward of `spec` with `pv`; `dparams`: with a gradient buffer for every
+/// parameter whose gradient the backward can compute (without: those parameters are frozen, as
+/// in the peers' workloads, whose score params carry no gradient).
+#[allow(clippy::too_many_arguments)]
 fn time_one(
     rt: &Runtime,
     bb: &mut Bufs,
@@ -59,6 +65,7 @@ fn time_one(
     (b, n, h): (usize, usize, usize),
     deterministic: bool,
     config: Option<TileConfig>,
+    dparams: bool,
 ) -> Result<f32, FlashError> {
     let opts = flash_runtime::launch::backward::BackwardOptions {
         config,
@@ -77,12 +84,29 @@ fn time_one(
         d_o: TensorRef::new(&bb.x[4], shape, st),
         lse: LseRef::new(&bb.lse, st),
     };
+    let wanted = if dparams {
+        flash_dsl::plan::grad_params(spec)
+    } else {
+        Vec::new()
+    };
+    let mut gbufs: Vec<Option<CudaSlice<f32>>> = Vec::new();
+    for (i, value) in pv.0.iter().enumerate() {
+        gbufs.push(if wanted.contains(&i) {
+            let len = match value {
+                flash_dsl::eval::ParamValue::FloatTensor(v) => v.len().max(1),
+                _ => 1,
+            };
+            Some(st.alloc_zeros::<f32>(len).map_err(drv("gradient buffer"))?)
+        } else {
+            None
+        });
+    }
     let [g0, g1, g2] = &mut bb.g;
     let mut grads = BackwardGrads {
         dq: TensorMut::new(g0, shape, st),
         dk: TensorMut::new(g1, shape, st),
         dv: TensorMut::new(g2, shape, st),
-        dparams: Vec::new(),
+        dparams: gbufs.iter_mut().map(|g| g.as_mut()).collect(),
     };
     let ctx = rt.context();
     let ev = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
@@ -132,7 +156,7 @@ pub fn timing_backward(
             for causal in [false, true] {
                 let spec = dense(causal, d)?;
                 let none = ParamValues::none();
-                let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, None)?;
+                let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, None, false)?;
                 let fl = flops((b, n, h), d, causal);
                 let tf = fl / ms as f64 / 1e9;
                 println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {ms:9.3} ms {tf:7.1} TFLOP/s", causal as u8);
@@ -143,7 +167,16 @@ pub fn timing_backward(
                     if cfg == default {
                         continue;
                     }
-                    let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, Some(cfg))?;
+                    let ms = time_one(
+                        rt,
+                        &mut bb,
+                        &spec,
+                        &none,
+                        (b, n, h),
+                        false,
+                        Some(cfg),
+                        false,
+                    )?;
                     let tf = fl / ms as f64 / 1e9;
                     println!(
                         "bwd d={d:3} n={n:6} b={b:3} h={h:3} causal={} bf16 flash {}x{}x{} {:?} {ms:9.3} ms {tf:7.1} TFLOP/s",
@@ -169,6 +202,7 @@ pub fn timing_backward(
             (b, n, h),
             true,
             None,
+            false,
         )?;
         let fl = flops((b, n, h), d, causal);
         let tf = fl / ms as f64 / 1e9;
@@ -183,13 +217,23 @@ pub fn timing_backward(
         let (docs, cases) = variant_workloads(n, h);
         for (label, name, pv) in cases {
             let spec = with(&get(name)?, 128, DType::Bf16);
-            let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false, None)?;
             let dens = density(label, n, &docs);
-            let tf = 2.5 * 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
-            println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} {label:18} density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful)");
-            rows.push(json!({"gpu": gpu, "backend": "flash", "variant": label, "dtype": "bf16",
-                "d": d, "n": n, "b": b, "h": h, "causal": true, "mode": "bwd", "ms": ms, "tflops": tf,
-                "density": dens}));
+            // As the peers run it (their score params carry no gradient: frozen here), then,
+            // where the score has `f32` params, with their gradients too.
+            let with_grads = !flash_dsl::plan::grad_params(&spec).is_empty();
+            for dparams in [false, true] {
+                if dparams && !with_grads {
+                    continue;
+                }
+                let ms = time_one(rt, &mut bb, &spec, &pv, (b, n, h), false, None, dparams)?;
+                let tf = 2.5 * 4.0 * (b * h * n * n * d) as f64 * dens / ms as f64 / 1e9;
+                let tag = if dparams { "+dparams" } else { "" };
+                println!("bwd d={d:3} n={n:6} b={b:3} h={h:3} {:18} density={dens:.3} flash {ms:9.3} ms {tf:7.1} TFLOP/s (useful)", format!("{label}{tag}"));
+                let mode = if dparams { "bwd_dparams" } else { "bwd" };
+                rows.push(json!({"gpu": gpu, "backend": "flash", "variant": label, "dtype": "bf16",
+                    "d": d, "n": n, "b": b, "h": h, "causal": true, "mode": mode, "ms": ms, "tflops": tf,
+                    "density": dens}));
+            }
         }
     }
     Ok(())

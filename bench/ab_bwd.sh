@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine after bench/prepare.sh (and a copy of the previous build's
+# flash-gpucheck at .carry/flash-gpucheck-old): the backward check of the new build on every
+# example, memcheck of its backward on small shapes, then the backward timings of the old and
+# the new build alternated (two rounds each) and a table of new / old per timed row.
+# At most 8 files come back from $OUT. Exit status: 0 when the check passed.
+set -uo pipefail
+OUT=${OUT:-bench/results/out}
+mkdir -p "$OUT"
+status=0
+echo "== backward check (new)"
+timeout 240 .carry/flash-gpucheck --backward-only --no-time >"$OUT/bwd-check.log" 2>&1 || status=1
+grep -E "^# |^FAIL" "$OUT/bwd-check.log" | tail -8
+echo "== memcheck (new, small shapes)"
+dir=$(mktemp -d)
+cp examples/variants/{dense,causal,relative_bias,alibi}.flash "$dir/"
+timeout 150 compute-sanitizer --tool memcheck --print-limit 20 .carry/flash-gpucheck --variants "$dir" --backward-only --small --no-time \
+  >"$OUT/bwd-memcheck.log" 2>&1 || status=1
+grep -E "ERROR SUMMARY|^# " "$OUT/bwd-memcheck.log" | tail -4
+for r in 1 2; do
+  for v in old new; do
+    bin=.carry/flash-gpucheck
+    [ "$v" = old ] && bin=.carry/flash-gpucheck-old
+    timeout 75 "$bin" --backward-only --no-check >"$OUT/bwd-time-$v-$r.log" 2>&1
+  done
+done
+python3 - "$OUT" <<'PY' | tee "$OUT/bwd-ab.md"
+import re, sys, collections
+out = sys.argv[1]
+rows = collections.defaultdict(lambda: {"old": [], "new": []})
+for v in ("old", "new"):
+    for r in (1, 2):
+        try:
+            lines = open(f"{out}/bwd-time-{v}-{r}.log").read().splitlines()
+        except OSError:
+            continue
+        for l in lines:
+            m = re.match(r"^(bwd .*?)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s", l)
+            if m:
+                rows[m.group(1)][v].append(float(m.group(2)))
+print("| row | old ms (2 runs) | new ms (2 runs) | old / new (best of each) |")
+print("|---|---|---|---|")
+for k, d in rows.items():
+    if d["old"] and d["new"]:
+        print(f"| {k} | {' '.join(f'{x:.3f}' for x in d['old'])} | {' '.join(f'{x:.3f}' for x in d['new'])} | {min(d['old']) / min(d['new']):.3f} |")
+PY
+exit $status
