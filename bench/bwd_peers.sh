@@ -6,10 +6,18 @@
 set -uo pipefail
 OUT=${OUT:-bench/results/out}
 mkdir -p "$OUT"
-timeout 260 .carry/flash-gpucheck --backward --no-check --json "$OUT/flash.json" >"$OUT/timing.log" 2>&1
+MODE=${MODE:---backward-only}   # --backward also times the forward (for the fwd+bwd table)
+MODES=${MODES:-bwd}             # the peers' modes: bwd, fwd_bwd
+if [ -n "${CHECK:-}" ]; then    # CHECK="alibi relative_bias softcap": their backward check first
+  dir=$(mktemp -d)
+  for v in $CHECK; do cp "examples/variants/$v.flash" "$dir/"; done
+  timeout 150 .carry/flash-gpucheck --variants "$dir" --backward-only --no-time >"$OUT/bwd-check.log" 2>&1
+  grep -E "^# |^FAIL" "$OUT/bwd-check.log" | tail -6
+fi
+timeout 200 .carry/flash-gpucheck $MODE --no-check --json "$OUT/flash.json" >"$OUT/timing.log" 2>&1
 grep -E "^bwd .*(flash +[0-9]|useful)" "$OUT/timing.log" | grep -v "x[0-9]*x[0-9]* Sm" | tail -30
-timeout 300 python3 .carry/peers.py --variants --only sdpa_flash,sdpa_cudnn,flex --seqs 4096,16384 \
-  --modes bwd,fwd_bwd --variant-seqs 4096,16384 --json "$OUT/peers.json" >"$OUT/peers.log" 2>&1
+timeout 240 python3 .carry/peers.py --variants --only sdpa_flash,sdpa_cudnn,flex --seqs 4096,16384 \
+  --modes "$MODES" --variant-seqs 4096,16384 --json "$OUT/peers.json" >"$OUT/peers.log" 2>&1
 tail -3 "$OUT/peers.log"
 python3 bench/merge_results.py --flash "$OUT/flash.json" --peers "$OUT/peers.json" --gpu "NVIDIA H200" --mode bwd \
   --suffix=-bwd-tma --out-dir "$OUT" 2>&1 | tail -3
