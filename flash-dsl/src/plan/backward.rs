@@ -705,7 +705,11 @@ mod tests {
         // No gradient buffer, no correction sums (zsum, pw0) in any kernel.
         assert!(planned_grad_params(&p.kernels[1]).is_empty());
         assert!(full.kernels[1].operands.len() > p.kernels[1].operands.len());
-        assert_eq!(p.kernels[2].operands.len(), 2, "the dQ conversion has no correction");
+        assert_eq!(
+            p.kernels[2].operands.len(),
+            2,
+            "the dQ conversion has no correction"
+        );
         for k in &p.kernels {
             assert!(k.kernel_name.ends_with("_frozen_m"), "{}", k.kernel_name);
         }
