@@ -243,6 +243,14 @@ impl Runtime {
         // Gradient buffers: the caller's (every wanted one has one: the others are frozen);
         // all zeroed first.
         let wanted = planned_grad_params(&main.plan);
+        if let Some(i) = (0..spec.params.len())
+            .find(|&i| spec.params[i].frozen && grads.dparams.get(i).is_some_and(|g| g.is_some()))
+        {
+            return Err(invalid(format!(
+                "`{}`: parameter `{}` is frozen in this spec, so the backward computes no gradient for it; pass no buffer for it, or the spec without `frozen`",
+                spec.name, spec.params[i].name
+            )));
+        }
         let mut grad_args: Vec<Option<ParamArg<'_>>> = vec![None; spec.params.len()];
         for &i in &wanted {
             let Some(dst) = grads.dparams.get_mut(i).and_then(|g| g.as_deref_mut()) else {
@@ -349,6 +357,22 @@ impl Runtime {
         self.require_family(&cfg)?;
         let plan_err = |e: flash_dsl::plan::PlanError| FlashError::plan(&spec.name, e);
         backward_config_is_valid(spec, &cfg).map_err(plan_err)?;
+        // A frozen build takes the tile its unfrozen build resolves to: a block map prebuilt for
+        // the variant (`backward_block_map` sees the declared spec) must fit it, and the frozen
+        // kernel's registers may decide the fallback differently.
+        if opts.config.is_none()
+            && backward_fallback_config(&cfg).is_some()
+            && spec.params.iter().any(|p| p.frozen)
+        {
+            let mut unfrozen = spec.clone();
+            unfrozen.params.iter_mut().for_each(|p| p.frozen = false);
+            let resolved = self.backward_main(&unfrozen, opts)?.plan.config;
+            let forced = BackwardOptions {
+                config: Some(resolved),
+                ..*opts
+            };
+            return self.backward_main(spec, &forced);
+        }
         let main = self.load_kind((KernelKind::BackwardMain, det), spec, Some(cfg), || {
             plan_backward_main_with(spec, cfg, det).map_err(plan_err)
         })?;
