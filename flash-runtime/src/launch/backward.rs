@@ -80,7 +80,8 @@ pub struct BackwardGrads<'a> {
     pub dv: TensorMut<'a>,
     /// One slot per variant parameter, by index: a buffer for the gradient of an `f32`
     /// parameter the score depends on, or `None` where it is not wanted (frozen: not computed
-    /// at all; a shorter list leaves the rest out).
+    /// at all; a shorter list leaves the rest out). A parameter the spec itself already marks
+    /// frozen must get `None`.
     pub dparams: Vec<Option<&'a mut CudaSlice<f32>>>,
 }
 
