@@ -154,6 +154,42 @@ else:
     bad += not ok
     print("ok  " if ok else "FAIL", "dropout p=0.2 seed 1234", "; ".join(parts), f"kept {kept:.4f}, seed 1235 differs on {float(differ):.4f}",
           r.stderr.strip().splitlines()[-1:])
+# `RelativeBias` (d 64, f16) backward without --dparam: its table is frozen, and at d 64 the
+# launch picks its own tile (a frozen build takes the one its unfrozen build resolves to).
+D64 = 64
+q6, k6, v6, do6 = (rng.standard_normal(x.shape[:-1] + (D64,)).astype(np.float32) for x in (q, k, v, do))
+bias = (0.5 * rng.standard_normal((HQ, 256))).astype(np.float32)
+for n, a in dict(q6=q6, k6=k6, v6=v6, do6=do6, bias=bias).items():
+    np.save(f"{tmp}/{n}.npy", a)
+rb_cmd = [flash, "run", "examples/variants/relative_bias.flash", "--q", f"{tmp}/q6.npy", "--k", f"{tmp}/k6.npy",
+          "--v", f"{tmp}/v6.npy", "--param", f"bias={tmp}/bias.npy", "--out", f"{tmp}/rb_o.npy", "--out-dtype", "f32",
+          "--do", f"{tmp}/do6.npy", "--dq", f"{tmp}/rb_dq.npy", "--dk", f"{tmp}/rb_dk.npy", "--dv", f"{tmp}/rb_dv.npy"]
+r = subprocess.run(rb_cmd, capture_output=True, text=True)
+extra_cases += 1
+if r.returncode != 0:
+    print("FAIL bwd relative_bias.flash (frozen)", r.stderr.strip()[-800:]); bad += 1
+else:
+    h16 = lambda a: torch.tensor(a).half().double()
+    qd, kd, vd = (h16(x).requires_grad_() for x in (q6, k6, v6))
+    Q = qd.transpose(1, 2)
+    K = kd.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    V = vd.transpose(1, 2).repeat_interleave(HQ // HKV, 1)
+    i = torch.arange(SQ)[:, None]; j = torch.arange(SK)[None, :]
+    sc = Q @ K.transpose(-1, -2) / D64 ** 0.5 + torch.tensor(bias).double()[:, torch.clamp(i - j, 0, 255)][None]
+    pr = torch.softmax(sc.masked_fill(~causal(i, j), float("-inf")), -1).nan_to_num(0.0)
+    o = (pr @ V).transpose(1, 2)
+    o.backward(h16(do6))
+    want = dict(o=o.detach().numpy(), dq=qd.grad.numpy(), dk=kd.grad.numpy(), dv=vd.grad.numpy())
+    ok, parts = True, []
+    for n in ("o", "dq", "dk", "dv"):
+        got = np.load(f"{tmp}/rb_{n}.npy").astype(np.float64)
+        scale = max(1.0, float(np.abs(want[n]).max()))
+        err = float(np.abs(got - want[n]).max()) if got.shape == want[n].shape else float("inf")
+        good = got.shape == want[n].shape and not np.isnan(got).any() and err <= 2e-2 * scale
+        ok &= good
+        parts.append(f"{n} err {err:.2e}{'' if good else ' !'}")
+    bad += not ok
+    print("ok  " if ok else "FAIL", "bwd relative_bias.flash (frozen, d64 f16)", "; ".join(parts), r.stderr.strip().splitlines()[-1:])
 total = len(cases) + len(grad_cases) + extra_cases
 print(f"# flash run smoke: {total - bad} passed, {bad} failed")
 sys.exit(1 if bad else 0)
