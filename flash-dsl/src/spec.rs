@@ -129,6 +129,16 @@ pub enum ParamKind {
     },
 }
 
+impl ParamKind {
+    /// The element type: the scalar's, or the tensor's elements'.
+    pub fn elem(&self) -> ScalarTy {
+        match self {
+            ParamKind::Scalar(t) => *t,
+            ParamKind::Tensor { elem, .. } => *elem,
+        }
+    }
+}
+
 /// Type of an expression node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Ty {
@@ -439,6 +449,16 @@ impl VariantSpec {
             if let Some(p) = s.params.get_mut(i) {
                 p.frozen = true;
             }
+        }
+        s
+    }
+
+    /// This spec with no parameter [`frozen`](ParamDecl::frozen): the declared variant of a
+    /// frozen build.
+    pub fn unfrozen(&self) -> VariantSpec {
+        let mut s = self.clone();
+        for p in &mut s.params {
+            p.frozen = false;
         }
         s
     }

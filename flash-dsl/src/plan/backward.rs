@@ -22,7 +22,7 @@ use super::{
     Pipeline,
 };
 use crate::deriv::{score_gradient, ParamGrad};
-use crate::spec::{Expr, ParamKind, ScalarTy, Var, VariantSpec};
+use crate::spec::{Expr, ScalarTy, Var, VariantSpec};
 
 use Extent::*;
 
@@ -129,13 +129,7 @@ pub fn grad_params(spec: &VariantSpec) -> Vec<usize> {
         .unwrap_or_default();
     out.sort_unstable();
     out.dedup();
-    out.retain(|&i| {
-        !spec.params[i].frozen
-            && match &spec.params[i].kind {
-                ParamKind::Scalar(t) => *t == ScalarTy::F32,
-                ParamKind::Tensor { elem, .. } => *elem == ScalarTy::F32,
-            }
-    });
+    out.retain(|&i| !spec.params[i].frozen && spec.params[i].kind.elem() == ScalarTy::F32);
     out
 }
 
@@ -180,10 +174,7 @@ pub fn grad_terms(spec: &VariantSpec) -> Vec<(ParamGrad, bool)> {
 /// early P's dS from the rounded P, next to a score hook, sits closer to the bound than the late
 /// P's — while the late P passes every case.)
 pub fn early_p(spec: &VariantSpec) -> bool {
-    let mut unfrozen = spec.clone();
-    for p in &mut unfrozen.params {
-        p.frozen = false;
-    }
+    let unfrozen = spec.unfrozen();
     !gradient_reads_score(&unfrozen) && grad_params(&unfrozen).is_empty()
 }
 

@@ -90,10 +90,7 @@ pub struct BackwardGrads<'a> {
 /// `f32` parameter's buffer differentiates the score here.
 fn frozen_params(spec: &VariantSpec, grads: &BackwardGrads<'_>) -> Option<Vec<usize>> {
     let has_buffer = |i: usize| grads.dparams.get(i).is_some_and(|g| g.is_some());
-    let is_f32 = |p: &flash_dsl::spec::ParamDecl| match &p.kind {
-        flash_dsl::spec::ParamKind::Scalar(t) => *t == ScalarTy::F32,
-        flash_dsl::spec::ParamKind::Tensor { elem, .. } => *elem == ScalarTy::F32,
-    };
+    let is_f32 = |p: &flash_dsl::spec::ParamDecl| p.kind.elem() == ScalarTy::F32;
     if spec
         .params
         .iter()
@@ -365,9 +362,7 @@ impl Runtime {
             && backward_fallback_config(&cfg).is_some()
             && spec.params.iter().any(|p| p.frozen)
         {
-            let mut unfrozen = spec.clone();
-            unfrozen.params.iter_mut().for_each(|p| p.frozen = false);
-            let resolved = self.backward_main(&unfrozen, opts)?.plan.config;
+            let resolved = self.backward_main(&spec.unfrozen(), opts)?.plan.config;
             let forced = BackwardOptions {
                 config: Some(resolved),
                 ..*opts
