@@ -92,6 +92,11 @@ pub struct Resources {
     pub stack_frame: u32,
     /// Statically declared shared memory in bytes (dynamic shared memory is not included).
     pub smem_static: u32,
+    /// ptxas serialised the kernel's wgmma instructions (its advisory C7520): every wgmma then
+    /// waits for the previous one to finish, nothing overlaps the tensor cores, and the kernel
+    /// runs far below its speed (a dropout backward lost about a third of its throughput so).
+    #[serde(default)]
+    pub wgmma_serialized: bool,
 }
 
 impl Resources {
@@ -112,7 +117,14 @@ impl Resources {
     /// assert_eq!(r.registers, 168);
     /// assert_eq!(r.smem_static, 1024);
     /// assert!(r.spills());
+    /// assert!(!r.wgmma_serialized);
     /// assert_eq!(Resources::parse_log("", "flash_fwd"), Resources::default());
+    ///
+    /// let serialized = "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async \
+    /// instructions are serialized due to program dependence on compiler-inserted WG.AR in \
+    /// divergent path in the function 'flash_bwd'\n";
+    /// assert!(Resources::parse_log(serialized, "flash_bwd").wgmma_serialized);
+    /// assert!(!Resources::parse_log(serialized, "flash_fwd").wgmma_serialized);
     /// ```
     pub fn parse_log(log: &str, kernel: &str) -> Resources {
         // ptxas prints, per function:
@@ -121,9 +133,17 @@ impl Resources {
         //       0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
         //   ptxas info    : Used 128 registers, used 1 barriers, 8192 bytes smem, 304 bytes cmem[0]
         let mut per_fn: Vec<(String, Resources)> = Vec::new();
+        // ptxas names the function of a performance advisory inside its line, before the
+        // function's own properties.
+        let mut serialized: Vec<String> = Vec::new();
         let mut current = String::new();
         for line in log.lines() {
             let l = line.trim();
+            if l.contains("(C7520)") || l.contains("wgmma.mma_async instructions are serialized") {
+                let name = l.rsplit("function '").next().unwrap_or("");
+                serialized.push(name.split('\'').next().unwrap_or("").to_string());
+                continue;
+            }
             if let Some(rest) = l.split("Compiling entry function '").nth(1) {
                 current = rest.split('\'').next().unwrap_or("").to_string();
                 per_fn.push((current.clone(), Resources::default()));
@@ -163,13 +183,15 @@ impl Resources {
                 }
             }
         }
-        if let Some((_, r)) = per_fn
-            .iter()
-            .find(|(n, _)| n == kernel || n.contains(kernel))
-        {
-            return *r;
+        let named = |n: &str| n == kernel || n.contains(kernel);
+        let wgmma_serialized = serialized.iter().any(|n| named(n));
+        if let Some((_, r)) = per_fn.iter().find(|(n, _)| named(n)) {
+            return Resources {
+                wgmma_serialized,
+                ..*r
+            };
         }
-        per_fn
+        let max = per_fn
             .iter()
             .fold(Resources::default(), |a, (_, r)| Resources {
                 registers: a.registers.max(r.registers),
@@ -177,7 +199,12 @@ impl Resources {
                 spill_loads: a.spill_loads.max(r.spill_loads),
                 stack_frame: a.stack_frame.max(r.stack_frame),
                 smem_static: a.smem_static.max(r.smem_static),
-            })
+                wgmma_serialized: false,
+            });
+        Resources {
+            wgmma_serialized,
+            ..max
+        }
     }
 
     /// Whether ptxas had to spill registers to local memory.
@@ -368,7 +395,8 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 304 bytes 
                 spill_stores: 24,
                 spill_loads: 20,
                 stack_frame: 16,
-                smem_static: 8192
+                smem_static: 8192,
+                wgmma_serialized: false,
             }
         );
         assert!(r.spills());

@@ -49,6 +49,7 @@ struct CompileReport<'a> {
     spill_stores: u32,
     spill_loads: u32,
     stack_frame: u32,
+    wgmma_serialized: bool,
     compile_ms: f64,
     cache: &'a str,
 }
@@ -148,13 +149,14 @@ fn report(
             spill_stores: r.spill_stores,
             spill_loads: r.spill_loads,
             stack_frame: r.stack_frame,
+            wgmma_serialized: r.wgmma_serialized,
             compile_ms: k.compile_ms,
             cache: outcome,
         };
         println!("{}", serde_json::to_string(&rep).unwrap_or_default());
     } else {
         println!(
-            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  {}{}",
+            "{:<28} {:<7} {:>5} {:>10} {:>12} {:>9}  {}{}{}",
             variant,
             arch,
             r.registers,
@@ -167,6 +169,11 @@ fn report(
             },
             outcome,
             if r.spills() { "  (spills!)" } else { "" },
+            if r.wgmma_serialized {
+                "  (wgmma serialised!)"
+            } else {
+                ""
+            },
         );
     }
 }
