@@ -9,11 +9,19 @@ OUT=${OUT:-bench/results/out}
 mkdir -p "$OUT"
 status=0
 echo "== backward check (new)"
-timeout 270 .carry/flash-gpucheck --backward-only --no-time >"$OUT/bwd-check.log" 2>&1 || status=1
+# CHECK="causal sliding_window" checks those examples only (every example takes longer than a
+# device call leaves beside the timings).
+vars=()
+if [ -n "${CHECK:-}" ]; then
+  cdir=$(mktemp -d)
+  for v in $CHECK; do cp "examples/variants/$v.flash" "$cdir/"; done
+  vars=(--variants "$cdir")
+fi
+timeout "${CHECK_TIMEOUT:-270}" .carry/flash-gpucheck "${vars[@]}" --backward-only --no-time >"$OUT/bwd-check.log" 2>&1 || status=1
 grep -E "^# |^FAIL" "$OUT/bwd-check.log" | tail -8
 echo "== memcheck (new, small shapes)"
 dir=$(mktemp -d)
-cp examples/variants/{causal,alibi}.flash "$dir/"
+cp examples/variants/{causal,alibi,sliding_window}.flash "$dir/"
 timeout 100 compute-sanitizer --tool memcheck --print-limit 20 .carry/flash-gpucheck --variants "$dir" --backward-only --small --no-time \
   >"$OUT/bwd-memcheck.log" 2>&1 || status=1
 grep -E "ERROR SUMMARY|^# " "$OUT/bwd-memcheck.log" | tail -4
