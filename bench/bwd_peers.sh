@@ -7,6 +7,7 @@ set -uo pipefail
 OUT=${OUT:-bench/results/out}
 mkdir -p "$OUT"
 MODE=${MODE:---backward-only}   # --backward also times the forward (for the fwd+bwd table)
+SUFFIX=${SUFFIX:--bwd-tma}       # of the merged table's file name
 MODES=${MODES:-bwd}             # the peers' modes: bwd, fwd_bwd
 if [ -n "${CHECK:-}" ]; then    # CHECK="alibi relative_bias softcap": their backward check first
   dir=$(mktemp -d)
@@ -20,7 +21,7 @@ timeout 240 python3 .carry/peers.py --variants --only sdpa_flash,sdpa_cudnn,flex
   --modes "$MODES" --variant-seqs 4096,16384 --json "$OUT/peers.json" >"$OUT/peers.log" 2>&1
 tail -3 "$OUT/peers.log"
 python3 bench/merge_results.py --flash "$OUT/flash.json" --peers "$OUT/peers.json" --gpu "NVIDIA H200" --mode bwd \
-  --suffix=-bwd-tma --out-dir "$OUT" 2>&1 | tail -3
+  --suffix="${SUFFIX:--bwd-tma}" --out-dir "$OUT" 2>&1 | tail -3
 python3 bench/fwd_bwd_table.py "$OUT/flash.json" "$OUT/peers.json" >"$OUT/fwd-bwd.md" 2>&1
-cat "$OUT"/*-bwd-tma.md | head -40
+cat "$OUT"/*"${SUFFIX:--bwd-tma}".md | head -40
 cat "$OUT/fwd-bwd.md" | head -40
