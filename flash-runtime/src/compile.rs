@@ -94,7 +94,7 @@ pub struct Resources {
     pub smem_static: u32,
     /// ptxas serialised the kernel's wgmma instructions (its advisory C7520): every wgmma then
     /// waits for the previous one to finish, nothing overlaps the tensor cores, and the kernel
-    /// runs far below its speed (a dropout backward lost about a third of its throughput so).
+    /// runs below its speed (a dropout backward lost 7–13 % so).
     #[serde(default)]
     pub wgmma_serialized: bool,
 }
