@@ -292,6 +292,9 @@ fn decode_entry(
     let mut k: CompiledKernel =
         serde_json::from_slice(json).map_err(|e| format!("bad metadata: {e}"))?;
     k.cubin = payload[4 + jlen..].to_vec();
+    // An entry written before a flag of `Resources` existed carries the flag's default; the
+    // log it stores says what ptxas reported, so that flag is read again from it.
+    k.resources.wgmma_serialized = Resources::parse_log(&k.log, &k.kernel_name).wgmma_serialized;
     Ok((key.to_string(), k))
 }
 
@@ -655,6 +658,26 @@ mod tests {
             base,
             key_with_version(&s, &CompileOptions::new("sm_90a"), (13, 0))
         );
+    }
+
+    #[test]
+    fn an_older_entry_gets_the_serialisation_flag_from_its_log() {
+        let key = "ef".repeat(32);
+        let k = CompiledKernel {
+            kernel_name: "flash_bwd_x".into(),
+            cubin: vec![1, 2, 3],
+            log:
+                "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions \
+                  are serialized due to program dependence on compiler-inserted WG.AR in divergent \
+                  path in the function 'flash_bwd_x'"
+                    .into(),
+            // As an entry written before the flag existed reads back.
+            resources: Resources::default(),
+            compile_ms: 1.0,
+            arch: "sm_90a".into(),
+        };
+        let (_, back) = decode_entry(&encode_entry(&key, &k).unwrap(), Some(&key)).unwrap();
+        assert!(back.resources.wgmma_serialized);
     }
 
     #[test]
