@@ -1,7 +1,8 @@
 //! Every example variant, at head dims 64 and 128 and in bf16 and f16, compiled by NVRTC to
 //! CUBIN for sm_80 and sm_90 (the mma.sync family) and sm_90a (the wgmma family), with the
 //! registers, shared memory and spill bytes of each printed; the default configurations must not
-//! spill, nor have their wgmmas serialised by ptxas (advisory C7520). Needs NVRTC (installed by `scripts/setup-nvrtc.sh`), not a GPU.
+//! spill, nor have their wgmmas serialised by ptxas (advisory C7520). Needs NVRTC (installed by
+//! `scripts/setup-nvrtc.sh`), not a GPU.
 //!
 //! `scripts/test.sh` runs this test with `--nocapture`, so CI's log carries the table.
 
