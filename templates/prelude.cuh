@@ -32,10 +32,11 @@ __device__ __forceinline__ u32 swz(int row, int chunk, int pitch) {
 
 // ---- dropout's generator ------------------------------------------------------------------
 
-/// Philox4x32-10 as Random123 defines it: `flash_dsl::dropout::philox4x32_10` bit for bit.
+/// Philox4x32-7 as Random123 defines it: `flash_dsl::dropout::philox4x32` with
+/// `flash_dsl::dropout::ROUNDS` (7) rounds, bit for bit.
 __device__ __forceinline__ uint4 philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
 #pragma unroll
-  for (int r = 0; r < 10; ++r) {
+  for (int r = 0; r < 7; ++r) {
     if (r > 0) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
