@@ -411,6 +411,7 @@ mod tests {
             score: None,
             dropout: None,
             sparsity: None,
+            fp8: None,
         }
     }
 

@@ -49,11 +49,13 @@ use crate::prepared::PreparedLaunch;
 pub(crate) enum TmaElem {
     Storage(flash_dsl::DType),
     F32,
+    /// One-byte codes (fp8 Q, K and Vᵀ), 128 to a 128-byte box row.
+    U8,
 }
 
 /// Encodes a TMA descriptor for a 4-D tensor of `elem` elements: `dims` innermost first
 /// (head dim, seq, heads, batch), `strides` in bytes of dims 1..3, a box of 128 bytes of columns
-/// (64 16-bit or 32 fp32 elements) × `rows` × 1 × 1, 128-byte swizzle, zero fill out of range.
+/// (64 16-bit, 32 fp32 or 128 one-byte elements) × `rows` × 1 × 1, 128-byte swizzle, zero fill out of range.
 /// Returns the 128 opaque bytes the kernel reads from its argument struct, or the driver's
 /// error. The driver only reads the arrays and writes the descriptor; no device memory is
 /// touched until a kernel uses it.
@@ -65,7 +67,11 @@ pub(crate) fn encode_tma_4d(
     rows: u32,
 ) -> Result<[u8; 128], cu::CUresult> {
     let mut map = std::mem::MaybeUninit::<cu::CUtensorMap>::zeroed();
-    let cols = if elem == TmaElem::F32 { 32 } else { 64 };
+    let cols = match elem {
+        TmaElem::F32 => 32,
+        TmaElem::Storage(_) => 64,
+        TmaElem::U8 => 128,
+    };
     let box_dim: [u32; 4] = [cols, rows, 1, 1];
     let elem_strides: [u32; 4] = [1, 1, 1, 1];
     let dtype = match elem {
@@ -76,6 +82,7 @@ pub(crate) fn encode_tma_4d(
             cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
         }
         TmaElem::F32 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        TmaElem::U8 => cu::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
     };
     // SAFETY: `map` is writable storage of the descriptor's type; the four arrays have the
     // lengths a rank-4 encode reads (dims 4, strides 3, box 4, element strides 4) and outlive

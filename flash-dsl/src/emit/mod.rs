@@ -186,6 +186,9 @@ struct Context {
     quant_type: String,
     quant_max: String,
     quant_norm: String,
+    /// Q, K and V are fp8 codes with block scales (`VariantSpec::fp8`); the PTX type.
+    fp8: bool,
+    fp8_type: String,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -430,9 +433,11 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .quant
             .map(|q| format!("{:e}", q.hadamard_norm()))
             .unwrap_or_default(),
+        fp8: spec.fp8.is_some(),
+        fp8_type: spec.fp8.map(|f| f.name().to_string()).unwrap_or_default(),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
-            .map(|w| wgmma::wgmma_def(w, mma_type))
+            .map(|w| wgmma::wgmma_def(w, spec.fp8.map_or(mma_type, |f| f.name())))
             .collect::<Vec<_>>()
             .join("\n"),
     };

@@ -125,16 +125,22 @@ pub fn wgmma_def(w: &Wgmma, ty: &str) -> String {
         )
     };
     let (b_operand, scale_operand) = (format!("%{next}"), next + 1);
-    let tail = if w.a_regs {
-        format!("{}", w.trans_b as u8)
+    // 8-bit operands take 32 elements of k per instruction and have no transposed layouts
+    // (both operands K-major in shared memory): no transpose immediates.
+    let eight_bit = matches!(ty, "e4m3" | "e5m2");
+    let k = if eight_bit { 32 } else { 16 };
+    let tail = if eight_bit {
+        String::new()
+    } else if w.a_regs {
+        format!(", {}", w.trans_b as u8)
     } else {
-        format!("{}, {}", w.trans_a as u8, w.trans_b as u8)
+        format!(", {}, {}", w.trans_a as u8, w.trans_b as u8)
     };
     format!(
-        "/// {what}; m64n{n}k16, {regs} accumulator registers per thread.\n\
+        "/// {what}; m64n{n}k{k}, {regs} accumulator registers per thread.\n\
          __device__ __forceinline__ void {name}(float* d, {a_param}, u64 db, int scale_d = 1) {{\n  \
          asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{scale_operand}, 0;\\n\"\n    \
-         \"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{ {outs} }}, {a_operand}, {b_operand}, p, 1, 1, {tail};\\n}}\"\n    \
+         \"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{ {outs} }}, {a_operand}, {b_operand}, p, 1, 1{tail};\\n}}\"\n    \
          : {binds}\n    : {a_inputs}, \"l\"(db), \"r\"(scale_d));\n}}\n",
         what = w.what,
         n = w.n,
@@ -180,5 +186,23 @@ mod tests {
             "{rs}"
         );
         assert!(rs.contains("setp.ne.b32 p, %9, 0;"), "{rs}");
+        // 8-bit operands: k32 and no transpose immediates (fp8 wgmma has none).
+        let e = wgmma_def(
+            &Wgmma {
+                name: "h",
+                n: 8,
+                a_regs: true,
+                trans_a: false,
+                trans_b: true,
+                what: "t",
+            },
+            "e4m3",
+        );
+        assert!(
+            e.contains(
+                "m64n8k32.f32.e4m3.e4m3 { %0, %1, %2, %3 }, { %4, %5, %6, %7 }, %8, p, 1, 1;"
+            ),
+            "{e}"
+        );
     }
 }

@@ -398,6 +398,7 @@ pub fn plan_backward_main_with(
     config: TileConfig,
     deterministic: bool,
 ) -> Result<KernelPlan, PlanError> {
+    super::tile::fp8_forward_only(spec, "the backward pass")?;
     backward_config_is_valid(spec, &config)?;
     let operands = vec![
         strided("q", Role::Input, spec, &[Batch, SeqQ, HeadsQ, HeadDimQk]),
@@ -482,6 +483,7 @@ pub fn backward_pipeline_with(
     config: TileConfig,
     deterministic: bool,
 ) -> Result<Pipeline, PlanError> {
+    super::tile::fp8_forward_only(spec, "the backward pass")?;
     Ok(Pipeline {
         kernels: vec![
             plan_backward_pre_with(spec, deterministic)?,

@@ -42,7 +42,12 @@ pub fn attention_scalars(spec: &VariantSpec) -> Vec<ArgField> {
 /// Q, K, V (`[batch, seq, heads, head_dim]`, strided), O (strided) and the LSE (contiguous
 /// `[batch, heads_q, seq_q]` f32, natural log). TMA families load Q, K and V through
 /// descriptors with boxes of the tile's rows.
+///
+/// An fp8 variant (`dtype: e4m3`, see [`fp8_operands`]) reads codes and scales instead.
 pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
+    if let Some(format) = spec.fp8 {
+        return fp8_operands(spec, cfg, format);
+    }
     let elem = OperandType::Storage(spec.dtype);
     let tma = cfg.family == KernelFamily::Sm90Ws;
     let mut q = Operand::new(
@@ -86,6 +91,77 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
         Layout::Contiguous,
     );
     vec![q, k, v, o, lse]
+}
+
+/// The fp8 forward's operands: Q and K codes `[batch, seq, heads, 128]` (strided, one byte
+/// each), V's codes transposed for the second product — a `[batch, 128, heads_kv, seq_padded]`
+/// view (strided) of the quantiser's `[batch, heads_kv, 128, seq_padded]` output, keys in
+/// `crate::fp8::mma_key_order` within each group of 32, `seq_padded` whole scale blocks — then O
+/// (the output dtype) and the LSE as usual, then one f32 scale per block of 128 positions of
+/// each (batch, head) of Q, K and V (contiguous `[batch, heads, blocks]`: a code times its
+/// block's scale is the value). All three are loaded by TMA: Q and K in 128-byte rows (a row is
+/// a head dim of 128), V in boxes of 128 keys × 128 rows.
+pub fn fp8_operands(
+    spec: &VariantSpec,
+    cfg: &TileConfig,
+    format: crate::fp8::Fp8Format,
+) -> Vec<Operand> {
+    let codes = OperandType::Fp8(format);
+    let mut q = Operand::new(
+        "q",
+        Role::Input,
+        codes,
+        &[Batch, SeqQ, HeadsQ, HeadDimQk],
+        Layout::Strided,
+    );
+    let mut k = Operand::new(
+        "k",
+        Role::Input,
+        codes,
+        &[Batch, SeqK, HeadsKv, HeadDimQk],
+        Layout::Strided,
+    );
+    let mut v = Operand::new(
+        "v",
+        Role::Input,
+        codes,
+        &[Batch, HeadDimV, HeadsKv, SeqPadded],
+        Layout::Strided,
+    );
+    q.tma_rows = Some(cfg.block_m);
+    k.tma_rows = Some(cfg.block_n);
+    v.tma_rows = Some(spec.head_dim_v);
+    let scales = |name: &str, heads: Extent, blocks: Extent| {
+        Operand::new(
+            name,
+            Role::Input,
+            OperandType::F32,
+            &[Batch, heads, blocks],
+            Layout::Contiguous,
+        )
+    };
+    vec![
+        q,
+        k,
+        v,
+        Operand::new(
+            "o",
+            Role::Output,
+            OperandType::Storage(spec.dtype),
+            &[Batch, SeqQ, HeadsQ, HeadDimV],
+            Layout::Strided,
+        ),
+        Operand::new(
+            "lse",
+            Role::Output,
+            OperandType::F32,
+            &[Batch, HeadsQ, SeqQ],
+            Layout::Contiguous,
+        ),
+        scales("q_scale", HeadsQ, ScaleBlocksQ),
+        scales("k_scale", HeadsKv, ScaleBlocks),
+        scales("v_scale", HeadsKv, ScaleBlocks),
+    ]
 }
 
 /// Plans the forward kernel of `spec` with `config`.

@@ -104,11 +104,14 @@ pub enum Extent {
     /// Positions of a transposed fp8 V, `ceil(seq / block_rows) · block_rows` (whole blocks, the
     /// padding zeros).
     SeqPadded,
+    /// Scale blocks of an fp8 attention's Q per (batch, head), `ceil(seq_q / 128)` (its K and
+    /// V have [`Extent::ScaleBlocks`] over `seq_k`).
+    ScaleBlocksQ,
 }
 
 impl Extent {
     /// Every extent, in declaration order (the order launch checks resolve them in).
-    pub const ALL: [Extent; 18] = [
+    pub const ALL: [Extent; 19] = [
         Extent::Batch,
         Extent::SeqQ,
         Extent::SeqK,
@@ -127,6 +130,7 @@ impl Extent {
         Extent::CuLen,
         Extent::ScaleBlocks,
         Extent::SeqPadded,
+        Extent::ScaleBlocksQ,
     ];
     /// Name in the argument struct, error messages and bindings (`seq_q`, `heads_kv`, …).
     pub fn name(self) -> &'static str {
@@ -149,6 +153,7 @@ impl Extent {
             Extent::CuLen => "cu_seqlens_len",
             Extent::ScaleBlocks => "scale_blocks",
             Extent::SeqPadded => "seq_padded",
+            Extent::ScaleBlocksQ => "scale_blocks_q",
         }
     }
     /// The value the spec fixes, for head dims.
@@ -472,6 +477,7 @@ mod tests {
             score: None,
             dropout: None,
             sparsity: None,
+            fp8: None,
         }
     }
 

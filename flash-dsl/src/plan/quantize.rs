@@ -156,6 +156,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         score: None,
         dropout: None,
         sparsity: None,
+        fp8: None,
     };
     let mut operands = vec![
         Operand::new(

@@ -236,6 +236,7 @@ fn plan_splitkv_kind(
     config: TileConfig,
     kind: KernelKind,
 ) -> Result<KernelPlan, PlanError> {
+    super::tile::fp8_forward_only(spec, "the split-KV (decode) kernel")?;
     if let Some(why) = splitkv_unsupported(spec) {
         return Err(PlanError::SplitKvVariant(why));
     }

@@ -16,6 +16,7 @@ fn spec(params: Vec<ParamDecl>, mask: Option<Expr>) -> VariantSpec {
         score: None,
         dropout: None,
         sparsity: None,
+        fp8: None,
     }
 }
 fn var(v: Var) -> Expr {
@@ -718,4 +719,75 @@ fn packed_plans_take_offsets_and_totals() {
     d.dropout = Some(crate::spec::Dropout::Const(crate::spec::F64Bits::new(0.1)));
     let e = plan_varlen(&d, default_config(&d)).unwrap_err();
     assert!(e.to_string().contains("dropout"), "{e}");
+}
+
+/// `dtype: e4m3`: the fp8 forward's plan — codes, Vᵀ's view, three scale operands, one byte
+/// per element in shared memory, the warp-specialised family only — and a clear refusal of
+/// everything it does not do.
+#[test]
+fn fp8_forward_plan_and_its_limits() {
+    use super::backward::backward_pipeline;
+    use super::splitkv::plan_splitkv;
+    use super::varlen::plan_varlen;
+    let parse = |src: &str| crate::parse::parse_str(src).unwrap().remove(0);
+    let s = parse("pub F { head_dim: 128, dtype: e4m3, mask: causal }");
+    let cfg = default_config_for(&s, KernelFamily::Sm90Ws);
+    assert_eq!(
+        (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
+        (128, 128, 12, 2)
+    );
+    let p = plan(&s, Some(cfg)).unwrap();
+    assert_eq!(
+        p.kernel_name,
+        "flash_fwd_f_e4m3_d128x128_m128n128w12s2_sm90ws"
+    );
+    let names: Vec<&str> = p.operands.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["q", "k", "v", "o", "lse", "q_scale", "k_scale", "v_scale", "sched"]
+    );
+    let fp8 = OperandType::Fp8(crate::fp8::Fp8Format::E4m3);
+    assert!(p.operands[..3].iter().all(|o| o.ty == fp8));
+    assert_eq!(p.operands[3].ty, OperandType::Storage(DType::Bf16));
+    assert_eq!(
+        p.operands[2].dims,
+        [
+            Extent::Batch,
+            Extent::HeadDimV,
+            Extent::HeadsKv,
+            Extent::SeqPadded
+        ]
+    );
+    assert_eq!(p.operands[2].tma_rows, Some(128));
+    assert_eq!(
+        p.operands[5].dims,
+        [Extent::Batch, Extent::HeadsQ, Extent::ScaleBlocksQ]
+    );
+    assert_eq!(
+        p.operands[6].dims,
+        [Extent::Batch, Extent::HeadsKv, Extent::ScaleBlocks]
+    );
+    // Q, then two stages of K and Vᵀ, one byte each, after the 1024-byte alignment.
+    assert_eq!(p.smem_bytes(), 1024 + 128 * 128 + 2 * 128 * (128 + 128));
+    let src = crate::emit(&p).source;
+    assert!(src.contains("constexpr bool FP8 = true;"));
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
+    assert!(src.contains("softmax_p_scaled<BN / 8>"));
+    // Refusals, each naming what was asked.
+    let err = |r: Result<KernelPlan, PlanError>| r.unwrap_err().to_string();
+    let sm80 = default_config_for(&s, KernelFamily::Sm80);
+    assert!(err(plan(&s, Some(sm80))).contains("got sm80"));
+    let d64 = parse("pub F { head_dim: 64, dtype: e4m3 }");
+    assert!(err(plan(&d64, Some(cfg))).contains("head dim 128 only"));
+    let tile = TileConfig { stages: 3, ..cfg };
+    assert!(err(plan(&s, Some(tile))).contains("128x128x12x2; got 128x128x12x3"));
+    let drop = parse("pub F { head_dim: 128, dtype: e4m3, dropout: 0.1 }");
+    assert!(err(plan(&drop, Some(cfg))).contains("dropout"));
+    let e = backward_pipeline(&s, cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("the backward pass is not available for fp8"),
+        "{e}"
+    );
+    assert!(err(plan_splitkv(&s, cfg)).contains("split-KV"));
+    assert!(err(plan_varlen(&s, cfg)).contains("packed"));
 }

@@ -199,6 +199,10 @@ pub enum PlanError {
     /// A quantisation kernel's configuration breaks a rule; the message names the value.
     #[error("quantisation kernel: {0}")]
     Quantize(String),
+    /// An fp8 (`dtype: e4m3`) variant asked for something its kernel does not do; the message
+    /// names it and what is supported.
+    #[error("fp8 attention: {0}")]
+    Fp8(String),
     /// The variant has no packed (variable-length) kernel; the reason says why.
     #[error("no packed (variable-length) kernel: {0}")]
     VarlenVariant(&'static str),
@@ -278,6 +282,17 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
         KernelFamily::Sm80 => default_config(spec),
         KernelFamily::Sm90Ws => {
             let d = spec.head_dim_qk.max(spec.head_dim_v);
+            if spec.fp8.is_some() {
+                // One scale block of queries and keys per tile (see `fp8_config_valid`).
+                let b = crate::spec::FP8_SCALE_BLOCK;
+                return TileConfig {
+                    block_m: b,
+                    block_n: b,
+                    warps: 12,
+                    stages: 2,
+                    family,
+                };
+            }
             if d > 128 {
                 // Above head dim 128 the output accumulator leaves the consumers too few of
                 // their 224 registers: the plain sm90 kernel takes over.
@@ -383,6 +398,7 @@ pub fn default_config(spec: &VariantSpec) -> TileConfig {
 pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     head_dims_valid(spec)?;
     sparse_tiles_fit(spec, cfg)?;
+    fp8_config_valid(spec, cfg)?;
     if cfg.family == KernelFamily::Sm90Ws {
         if !matches!(cfg.block_m, 64 | 128 | 192) || cfg.warps != cfg.block_m / 16 + 4 {
             return Err(PlanError::Warpgroups {
@@ -434,6 +450,52 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
     check_smem(spec, cfg)
 }
 
+/// What the fp8 forward supports (`dtype: e4m3`): the warp-specialised Hopper kernel at head
+/// dim 128, one scale block per tile (128 × 128, two stages), masks and score hooks; no
+/// dropout, no declared sparsity. Each refusal names the value and the rule.
+pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
+    if spec.fp8.is_none() {
+        return Ok(());
+    }
+    let fail = |m: String| Err(PlanError::Fp8(m));
+    if cfg.family != KernelFamily::Sm90Ws {
+        return fail(format!(
+            "fp8 kernels exist for the warp-specialised Hopper family (sm90ws, sm_90a) only; got {}",
+            cfg.family.tag()
+        ));
+    }
+    if spec.head_dim_qk != 128 || spec.head_dim_v != 128 {
+        return fail(format!(
+            "head dim 128 only (Q, K and V); got {}/{}",
+            spec.head_dim_qk, spec.head_dim_v
+        ));
+    }
+    let block = crate::spec::FP8_SCALE_BLOCK;
+    if cfg.block_m != block || cfg.block_n != block || cfg.stages != 2 || cfg.warps != 12 {
+        return fail(format!(
+            "the tile is one scale block of queries and keys, {block}x{block}x12x2; got {}x{}x{}x{}",
+            cfg.block_m, cfg.block_n, cfg.warps, cfg.stages
+        ));
+    }
+    if spec.dropout.is_some() {
+        return fail("dropout is not supported with fp8 inputs".into());
+    }
+    if spec.sparsity.is_some() {
+        return fail("a declared block-sparse layout is not supported with fp8 inputs".into());
+    }
+    Ok(())
+}
+
+/// An fp8 variant has only the forward kernel; `what` names the kind asked for.
+pub fn fp8_forward_only(spec: &VariantSpec, what: &str) -> Result<(), PlanError> {
+    match spec.fp8 {
+        Some(_) => Err(PlanError::Fp8(format!(
+            "{what} is not available for fp8 (`dtype: e4m3`) variants: only the forward kernel exists"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn check_smem(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     let bytes = smem_bytes(spec, cfg);
     if bytes > MAX_SMEM_BYTES {
@@ -459,6 +521,11 @@ pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
         KernelFamily::Sm80 => 0,
         KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
     };
-    let elem = spec.dtype.size() as u32;
+    // fp8 inputs: one byte per element (V transposed, `dv` rows of `block_n` keys: the same bytes).
+    let elem = if spec.fp8.is_some() {
+        1
+    } else {
+        spec.dtype.size() as u32
+    };
     align + elem * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
 }

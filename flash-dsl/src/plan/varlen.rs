@@ -122,6 +122,7 @@ pub fn varlen_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// assert!(plan_varlen(&drop, default_config_for(&drop, KernelFamily::Sm80)).is_err());
 /// ```
 pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
+    super::tile::fp8_forward_only(spec, "the packed (variable-length) kernel")?;
     if let Some(why) = varlen_unsupported(spec) {
         return Err(PlanError::VarlenVariant(why));
     }

@@ -59,26 +59,36 @@ pub(super) fn check_head_dim(hd: &HeadDim, errs: &mut Vec<Report>) -> Option<(u3
     }
 }
 
-pub(super) fn check_dtype(id: &syn::Ident, errs: &mut Vec<Report>) -> Option<DType> {
+/// What `dtype:` declares: one storage type for Q, K, V and O, or fp8 inputs.
+pub(super) enum DeclDType {
+    Plain(DType),
+    Fp8(crate::fp8::Fp8Format),
+}
+
+pub(super) fn check_dtype(id: &syn::Ident, errs: &mut Vec<Report>) -> Option<DeclDType> {
     let name = id.to_string();
     match name.as_str() {
-        "bf16" => Some(DType::Bf16),
-        "f16" => Some(DType::F16),
-        n if n.starts_with("fp8")
-            || n.starts_with("f8")
-            || n.starts_with("e4m3")
-            || n.starts_with("e5m2") =>
-        {
+        "bf16" => Some(DeclDType::Plain(DType::Bf16)),
+        "f16" => Some(DeclDType::Plain(DType::F16)),
+        "e4m3" => Some(DeclDType::Fp8(crate::fp8::Fp8Format::E4m3)),
+        "e5m2" => {
             errs.push(Report::at(
                 id.span(),
-                format!("fp8 is not supported yet; got `{name}`, use bf16 or f16"),
+                "e5m2 attention inputs are not supported: two mantissa bits lose too much of Q·Kᵀ (e5m2 is a gradient format); use e4m3",
+            ));
+            None
+        }
+        n if n.starts_with("fp8") || n.starts_with("f8") || n.starts_with("e4m3") => {
+            errs.push(Report::at(
+                id.span(),
+                format!("unknown dtype `{name}`; fp8 inputs are declared `dtype: e4m3`"),
             ));
             None
         }
         _ => {
             errs.push(Report::at(
                 id.span(),
-                format!("unknown dtype `{name}`; expected bf16 or f16"),
+                format!("unknown dtype `{name}`; expected bf16, f16 or e4m3"),
             ));
             None
         }

@@ -34,7 +34,7 @@ pub use lower::{aligned_q, causal_expr};
 pub use names::{FUNCTIONS, KEYS, VARIABLES};
 
 use consts::is_constant;
-use decl::{check_dtype, check_head_dim, check_params};
+use decl::{check_dtype, check_head_dim, check_params, DeclDType};
 use expr::{Checker, Ctx};
 use names::ty_name;
 
@@ -98,6 +98,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut sparsity_ast = None;
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
+    let mut fp8 = None;
     for entry in &decl.entries {
         let key = entry.key.to_string();
         if !KEYS.contains(&key.as_str()) {
@@ -120,7 +121,12 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
                 head_dim_ok = head_dim.is_some();
             }
             ("dtype", Value::DType(id)) => {
-                dtype = check_dtype(id, &mut errs);
+                // `e4m3`: fp8 inputs (codes and scales), a bf16 output.
+                (dtype, fp8) = match check_dtype(id, &mut errs) {
+                    Some(DeclDType::Plain(d)) => (Some(d), None),
+                    Some(DeclDType::Fp8(f)) => (Some(crate::spec::DType::Bf16), Some(f)),
+                    None => (None, None),
+                };
                 dtype_ok = dtype.is_some();
             }
             ("params", Value::Params(ps)) => params_ast = Some(ps),
@@ -283,6 +289,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         score,
         dropout,
         sparsity,
+        fp8,
     })
 }
 

@@ -308,8 +308,21 @@ fn diagnostics() {
     );
     assert_eq!(
         errs[1].message,
-        "fp8 is not supported yet; got `fp8`, use bf16 or f16"
+        "unknown dtype `fp8`; fp8 inputs are declared `dtype: e4m3`"
     );
+    let errs = parse_str("V { head_dim: 128, dtype: e5m2 }").unwrap_err();
+    assert!(errs[0]
+        .message
+        .starts_with("e5m2 attention inputs are not supported"));
+    let errs = parse_str("V { head_dim: 128, dtype: int8 }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "unknown dtype `int8`; expected bf16, f16 or e4m3"
+    );
+    // `e4m3`: fp8 inputs, a bf16 output.
+    let v = parse_str("V { head_dim: 128, dtype: e4m3, mask: causal }").unwrap();
+    assert_eq!(v[0].fp8, Some(crate::fp8::Fp8Format::E4m3));
+    assert_eq!(v[0].dtype, crate::spec::DType::Bf16);
     let errs = parse_str("V { head_dim: (192, 264), dtype: f16 }").unwrap_err();
     assert_eq!(
         errs[0].message,

@@ -59,6 +59,7 @@ pub fn base(name: &str, d: u32, dtype: DType) -> VariantSpec {
         score: None,
         dropout: None,
         sparsity: None,
+        fp8: None,
     }
 }
 

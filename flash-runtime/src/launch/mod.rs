@@ -42,6 +42,7 @@ use crate::variant::{ParamArg, Variant};
 pub mod backward;
 pub mod block_map;
 pub mod check;
+pub mod fp8;
 pub mod pack;
 pub mod quantize;
 pub mod splitkv;
@@ -51,6 +52,7 @@ pub mod varlen;
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
+pub use fp8::Fp8Inputs;
 pub use splitkv::{PackedQueries, PagedKv, SPLITKV_MAX_ROWS};
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
@@ -350,6 +352,12 @@ impl Runtime {
         map: Option<&BlockMap>,
         owned: &mut Option<BlockMap>,
     ) -> Result<Vec<OperandArg>, FlashError> {
+        if kernel.plan.spec.fp8.is_some() {
+            return Err(invalid(format!(
+                "kernel `{}` reads fp8 codes and block scales (`dtype: e4m3`): launch it with Runtime::forward_fp8",
+                kernel.plan.kernel_name
+            )));
+        }
         let mut ops = forward_operands(q, k, v, o, lse).to_vec();
         if kernel
             .plan

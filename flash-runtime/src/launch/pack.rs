@@ -130,6 +130,7 @@ pub fn pack_args(
                         crate::ffi::TmaElem::Storage(dtype)
                     }
                     flash_dsl::plan::OperandType::F32 => crate::ffi::TmaElem::F32,
+                    flash_dsl::plan::OperandType::Fp8(_) => crate::ffi::TmaElem::U8,
                     _ => {
                         return Err(invalid(format!(
                             "operand {} is loaded through TMA but is of type {}",

@@ -188,3 +188,296 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
     }
     Ok(())
 }
+
+/// The fp8 variants the attention check and timings run (`dtype: e4m3`: codes and block scales
+/// in, bf16 out).
+pub const FP8_SOURCE: &str = "
+/// Dense attention on fp8 inputs.
+pub Fp8Dense { head_dim: 128, dtype: e4m3 }
+/// Causal attention on fp8 inputs.
+pub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }
+/// Gemma-style soft-capping on fp8 inputs (the hook sees the dequantised score).
+pub Fp8Softcap { head_dim: 128, dtype: e4m3, score: softcap(s, 20.0) }
+/// A sliding window of 256 keys on fp8 inputs.
+pub Fp8Window { head_dim: 128, dtype: e4m3, mask: window(256) }
+/// ALiBi with a per-head slope parameter on fp8 inputs.
+pub Fp8Alibi { head_dim: 128, dtype: e4m3, params: { slopes: [f32; heads] }, score: s + alibi(slopes[h]), mask: causal }
+";
+
+/// Host-side fp8 inputs of one problem: the codes and scales the kernel reads (V transposed),
+/// and the dequantised Q, K, V (float64) the reference attends over.
+struct Fp8Problem {
+    q: (Vec<u8>, Vec<f32>),
+    k: (Vec<u8>, Vec<f32>),
+    v_t: (Vec<u8>, Vec<f32>),
+    dequant: (Vec<f64>, Vec<f64>, Vec<f64>),
+}
+
+/// Quantises normal inputs (with outliers when asked) per block of 128 positions, as the
+/// quantisation kernel does (its GPU check shows the two agree bit for bit).
+fn fp8_problem([b, sq, sk, hq, hkv]: [usize; 5], outliers: bool, seed: u64) -> Fp8Problem {
+    let d = 128;
+    let (shape_q, shape_k) = ([b, sq, hq, d], [b, sk, hkv, d]);
+    let draw = |n: usize, s: u64| -> Vec<f32> {
+        attention_inputs(n, outliers, s)
+            .iter()
+            .map(|&x| x as f32)
+            .collect()
+    };
+    let (q, k, v) = (
+        draw(b * sq * hq * d, seed),
+        draw(b * sk * hkv * d, seed + 1),
+        draw(b * sk * hkv * d, seed + 2),
+    );
+    let scaling = Scaling::PerBlock { rows: 128 };
+    let qq = quantize(&q, shape_q, scaling, Fp8Format::E4m3);
+    let kq = quantize(&k, shape_k, scaling, Fp8Format::E4m3);
+    let vq = quantize(&v, shape_k, scaling, Fp8Format::E4m3);
+    let dequant = (qq.dequantize(), kq.dequantize(), vq.dequantize());
+    Fp8Problem {
+        v_t: (transpose_for_pv(&vq.codes, shape_k, 128), vq.scales),
+        q: (qq.codes, qq.scales),
+        k: (kq.codes, kq.scales),
+        dequant,
+    }
+}
+
+/// One fp8 forward on the GPU: O (as f64) and the LSE.
+fn run_fp8(
+    rt: &Runtime,
+    kernel: &flash_runtime::LoadedKernel,
+    x: &Fp8Problem,
+    [b, sq, sk, hq, hkv]: [usize; 5],
+    params: &[flash_runtime::ParamArg<'_>],
+    time: Option<(usize, usize)>,
+) -> Result<(Vec<f64>, Vec<f64>, f32), FlashError> {
+    let st = rt.stream();
+    let drv = |e| FlashError::Driver(format!("fp8 attention buffers: {e:?}"));
+    let d = 128;
+    let (q, qs) = (
+        st.clone_htod(&x.q.0).map_err(drv)?,
+        st.clone_htod(&x.q.1).map_err(drv)?,
+    );
+    let (k, ks) = (
+        st.clone_htod(&x.k.0).map_err(drv)?,
+        st.clone_htod(&x.k.1).map_err(drv)?,
+    );
+    let (vt, vs) = (
+        st.clone_htod(&x.v_t.0).map_err(drv)?,
+        st.clone_htod(&x.v_t.1).map_err(drv)?,
+    );
+    // O poisoned (NaN bits) so that an element the kernel does not write shows.
+    let mut o = st
+        .clone_htod(&vec![0x7fc0u16; b * sq * hq * d])
+        .map_err(drv)?;
+    let mut lse = st.alloc_zeros::<f32>((b * hq * sq).max(1)).map_err(drv)?;
+    let inputs = flash_runtime::Fp8Inputs {
+        q: TensorRef::new(&q, [b, sq, hq, d], st),
+        q_scale: &qs,
+        k: TensorRef::new(&k, [b, sk, hkv, d], st),
+        k_scale: &ks,
+        v_t: &vt,
+        v_scale: &vs,
+    };
+    let mut ms = 0.0;
+    {
+        let mut om = flash_runtime::TensorMut::new(&mut o, [b, sq, hq, d], st);
+        let mut lm = flash_runtime::LseMut::new(&mut lse, st);
+        match time {
+            Some((w, it)) => {
+                ms = rt.time_forward_fp8(kernel, &inputs, &mut om, &mut lm, params, w, it)?
+            }
+            None => rt.forward_fp8(kernel, &inputs, &mut om, &mut lm, params)?,
+        }
+    }
+    let o_host: Vec<u16> = st.clone_dtoh(&o).map_err(drv)?;
+    let lse_host: Vec<f32> = st.clone_dtoh(&lse).map_err(drv)?;
+    Ok((
+        o_host
+            .iter()
+            .map(|&bits| DType::Bf16.from_bits(bits))
+            .collect(),
+        lse_host.iter().map(|&x| x as f64).collect(),
+        ms,
+    ))
+}
+
+/// The fp8 forward of each variant of [`FP8_SOURCE`] against the float64 attention of the
+/// dequantised inputs, by FlashAttention's rule: its largest error at most twice that of the
+/// plain fp8 implementation (`reference::forward_fp8_plain`: f32 arithmetic, P rounded to e4m3
+/// ×256) plus 1e-6, the LSE within 2e-3 (relative; the bf16 checks' 1e-3 doubled: the fp8
+/// tensor cores sum Q·Kᵀ with fewer bits than f32, and with outliers the largest scores — and
+/// so the LSE — carry that, 1.0e-3 on the first run's worst case), no NaN. Also prints the error against the
+/// attention of the unquantised inputs (quantisation and kernel together). Odd sizes, GQA,
+/// seq_q ≠ seq_k, normal inputs and inputs with outliers.
+pub fn check_attention(rt: &Runtime) -> (usize, usize) {
+    use flash_dsl::model::reference::{self, Problem};
+    let specs = flash_dsl::parse::parse_str(FP8_SOURCE).expect("the fp8 check's variants parse");
+    let shapes: [[usize; 5]; 5] = [
+        [1, 128, 128, 1, 1],
+        [2, 333, 517, 4, 2],
+        [1, 1000, 1000, 2, 2],
+        [1, 77, 1300, 3, 1],
+        [1, 2048, 2048, 2, 2],
+    ];
+    let (mut n, mut fails) = (0, 0);
+    let mut seed = 100u64;
+    for spec in &specs {
+        let kernel = match rt.load(spec, None) {
+            Ok(k) => k,
+            Err(e) => {
+                n += 1;
+                fails += 1;
+                println!("FAIL fp8 {}: loading: {e}", spec.name);
+                continue;
+            }
+        };
+        for shape in shapes {
+            for outliers in [false, true] {
+                seed += 3;
+                n += 1;
+                let [b, sq, sk, hq, hkv] = shape;
+                let slopes: Vec<f32> = (0..hq).map(|i| -0.5f32.powi(i as i32 + 1)).collect();
+                let dslopes = rt.stream().clone_htod(&slopes).expect("slopes upload");
+                let mut params = Vec::new();
+                let mut values = flash_dsl::eval::ParamValues::none();
+                if !spec.params.is_empty() {
+                    params.push(flash_runtime::ParamArg::tensor_f32(&dslopes, rt.stream()));
+                    values = flash_dsl::eval::ParamValues::new(vec![
+                        flash_dsl::eval::ParamValue::FloatTensor(
+                            slopes.iter().map(|&x| x as f64).collect(),
+                        ),
+                    ]);
+                }
+                let x = fp8_problem(shape, outliers, seed);
+                let label = format!(
+                    "fp8 {} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
+                    spec.name,
+                    if outliers { "outliers" } else { "normal" }
+                );
+                let (o, lse, _) = match run_fp8(rt, &kernel, &x, shape, &params, None) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        fails += 1;
+                        println!("FAIL {label}: {e}");
+                        continue;
+                    }
+                };
+                let mut p = Problem::random(spec, b, hq, hkv, sq, sk, values, 0);
+                (p.q, p.k, p.v) = x.dequant.clone();
+                let ref64 = reference::forward(spec, &p);
+                let plain = reference::forward_fp8_plain(spec, &p);
+                let err_plain = reference::max_abs_diff(&plain.o, &ref64.o);
+                let err = reference::max_abs_diff(&o, &ref64.o);
+                let nan = o.iter().chain(&lse).filter(|x| x.is_nan()).count();
+                let mut lse_err: f64 = 0.0;
+                for (&got, &want) in lse.iter().zip(&ref64.lse) {
+                    if want.is_finite() {
+                        lse_err = lse_err.max((got - want).abs() / want.abs().max(1.0));
+                    } else if got != want {
+                        lse_err = f64::INFINITY;
+                    }
+                }
+                let ok = nan == 0 && err <= 2.0 * err_plain + 1e-6 && lse_err <= 2e-3;
+                if !ok {
+                    fails += 1;
+                }
+                println!(
+                    "{} {label}: max err {err:.3e} vs plain fp8 {err_plain:.3e} (bound {:.3e}); lse rel err {lse_err:.2e}; NaN {nan}",
+                    if ok { "ok  " } else { "FAIL" },
+                    2.0 * err_plain + 1e-6
+                );
+            }
+        }
+    }
+    (n, fails)
+}
+
+/// The fp8 forward (dense and causal, d 128, h 16, b = 16384 / n, n 4096 and 16384) next to
+/// flash's own bf16 forward of the same shapes in the same call, and the fp8 forward with the
+/// quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`.
+pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Result<(), FlashError> {
+    let specs = flash_dsl::parse::parse_str(
+        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }\npub Dense { head_dim: 128, dtype: bf16 }\npub Causal { head_dim: 128, dtype: bf16, mask: causal }",
+    )
+    .expect("the timing variants parse");
+    let st = rt.stream();
+    let drv = |e| FlashError::Driver(format!("fp8 timing buffers: {e:?}"));
+    let (d, h) = (128usize, 16usize);
+    for n in [4096usize, 16384] {
+        let b = 16384 / n;
+        let shape = [b, n, n, h, h];
+        let x = fp8_problem(shape, false, 7);
+        let bits: Vec<u16> = x
+            .dequant
+            .0
+            .iter()
+            .map(|&v| DType::Bf16.to_bits(v))
+            .collect();
+        let xb = st.clone_htod(&bits).map_err(drv)?;
+        let mut o16 = st.alloc_zeros::<u16>(b * n * h * d).map_err(drv)?;
+        let mut lse = st.alloc_zeros::<f32>(b * h * n).map_err(drv)?;
+        // The quantisation of Q, K and V (the same kernels for Q and K, the transposing one
+        // for V), timed apart.
+        let blocks = n.div_ceil(128);
+        let mut codes = st.alloc_zeros::<u8>(b * n * h * d).map_err(drv)?;
+        let mut scales = st.alloc_zeros::<f32>(b * h * blocks).map_err(drv)?;
+        let mut quant_ms = 0.0;
+        for (transpose, times) in [(false, 2.0f32), (true, 1.0)] {
+            let q = QuantSpec {
+                input: DType::Bf16,
+                head_dim: 128,
+                format: Fp8Format::E4m3,
+                block_rows: 128,
+                hadamard: false,
+                transpose,
+            };
+            let kernel = rt.load_quantize(&q)?;
+            let xt = TensorRef::new(&xb, [b, n, h, d], st);
+            quant_ms +=
+                times * rt.time_quantize(&kernel, &xt, None, &mut codes, &mut scales, (5, 20))?;
+        }
+        for causal in [false, true] {
+            let mut fl = 4.0 * (b * h * n * n * d) as f64;
+            if causal {
+                fl /= 2.0;
+            }
+            let pick = |name: &str| specs.iter().find(|s| s.name == name).expect("declared");
+            let (f8, bf) = if causal {
+                (pick("Fp8Causal"), pick("Causal"))
+            } else {
+                (pick("Fp8Dense"), pick("Dense"))
+            };
+            let kernel = rt.load(f8, None)?;
+            let (_, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
+            let kb = rt.load(bf, None)?;
+            let ms16 = {
+                let t = TensorRef::new(&xb, [b, n, h, d], st);
+                let mut om = flash_runtime::TensorMut::new(&mut o16, [b, n, h, d], st);
+                let mut lm = flash_runtime::LseMut::new(&mut lse, st);
+                rt.time_forward(&kb, &t, &t, &t, &mut om, &mut lm, &[], 5, 20)?
+            };
+            let tag = if causal { "_causal" } else { "" };
+            for (variant, dtype, ms) in [
+                (format!("fp8{tag}"), "e4m3", ms8),
+                (format!("fp8{tag}+quant"), "e4m3", ms8 + quant_ms),
+                (format!("bf16{tag}"), "bf16", ms16),
+            ] {
+                let tf = fl / ms as f64 / 1e9;
+                println!(
+                    "fwd      d={d:3} n={n:6} b={b:3} h={h:3} causal={} {variant:<22} flash {ms:9.3} ms {tf:7.1} TFLOP/s",
+                    causal as u8
+                );
+                rows.push(json!({"gpu": gpu, "backend": "flash", "variant": variant, "dtype": dtype,
+                    "d": d, "n": n, "b": b, "h": h, "causal": causal, "mode": "fwd", "ms": ms, "tflops": tf}));
+            }
+            println!(
+                "fp8 / bf16 forward, n {n}{}: {:.2}x ({:.2}x with the quantisation)",
+                if causal { " causal" } else { "" },
+                ms16 / ms8,
+                ms16 / (ms8 + quant_ms)
+            );
+        }
+    }
+    Ok(())
+}

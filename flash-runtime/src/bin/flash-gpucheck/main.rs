@@ -362,6 +362,12 @@ fn main() -> ExitCode {
             n - fails
         );
         failed |= fails > 0;
+        let (n, fails) = fp8check::check_attention(&rt);
+        println!(
+            "# fp8 attention: {} passed, {fails} failed of {n}",
+            n - fails
+        );
+        failed |= fails > 0;
     }
     if do_varlen && do_check {
         let families: Vec<KernelFamily> =
@@ -405,6 +411,10 @@ fn main() -> ExitCode {
         if do_fp8 {
             if let Err(e) = fp8check::timing_quantize(&rt, &mut rows) {
                 println!("# quantisation timing failed: {e}");
+                failed = true;
+            }
+            if let Err(e) = fp8check::timing_attention(&rt, &info.name, &mut rows) {
+                println!("# fp8 attention timing failed: {e}");
                 failed = true;
             }
         }

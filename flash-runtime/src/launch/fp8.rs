@@ -1,0 +1,128 @@
+//! The fp8 forward (`dtype: e4m3` variants, see `flash_dsl::plan::forward::fp8_operands`): Q, K
+//! and V as e4m3 codes with one f32 scale per block of 128 positions of each (batch, head) — what
+//! [`Runtime::quantize`] writes, or an fp8 KV cache's own codes and scales — O in bf16 and the
+//! LSE as in every forward.
+
+use cudarc::driver::CudaSlice;
+use flash_dsl::plan::Extent;
+use flash_dsl::spec::FP8_SCALE_BLOCK;
+
+use super::block_map::BlockMap;
+use super::check::invalid;
+use super::tensor::{self, LseMut, OperandArg, TensorMut, TensorRef};
+use super::{LoadedKernel, ProblemShape, Runtime};
+use crate::error::FlashError;
+use crate::prepared::PreparedLaunch;
+use crate::variant::ParamArg;
+
+/// The inputs of an fp8 forward.
+pub struct Fp8Inputs<'a> {
+    /// Q codes `[batch, seq_q, heads_q, 128]` (strided, one byte each).
+    pub q: TensorRef<'a>,
+    /// Q's scales, `[batch, heads_q, ceil(seq_q / 128)]` f32, contiguous.
+    pub q_scale: &'a CudaSlice<f32>,
+    /// K codes `[batch, seq_k, heads_kv, 128]` (strided).
+    pub k: TensorRef<'a>,
+    /// K's scales, `[batch, heads_kv, ceil(seq_k / 128)]` f32, contiguous.
+    pub k_scale: &'a CudaSlice<f32>,
+    /// V's codes transposed, `[batch, heads_kv, 128, seq_padded]` contiguous with `seq_padded =
+    /// ceil(seq_k / 128) · 128` and the keys of each group of 32 in
+    /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly this).
+    pub v_t: &'a CudaSlice<u8>,
+    /// V's scales, `[batch, heads_kv, ceil(seq_k / 128)]` f32, contiguous.
+    pub v_scale: &'a CudaSlice<f32>,
+}
+
+impl Runtime {
+    /// Runs an fp8 forward (`kernel` from [`Runtime::load`] of a `dtype: e4m3` variant): O
+    /// (`[batch, seq_q, heads_q, 128]`, bf16) and the LSE from codes and scales. Checked like
+    /// every launch — shapes, strides, buffer lengths (the scales' and Vᵀ's from `seq_q`,
+    /// `seq_k`), devices — and asynchronous.
+    pub fn forward_fp8(
+        &self,
+        kernel: &LoadedKernel,
+        x: &Fp8Inputs<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+    ) -> Result<(), FlashError> {
+        let mut owned = None;
+        let launch = self.prepare_fp8(kernel, x, o, lse, params, &mut owned)?;
+        self.launch_checked(&launch)
+    }
+
+    /// Median milliseconds of one [`Runtime::forward_fp8`] launch, timed with CUDA events after
+    /// `warmup` untimed launches (a block map is built once, before them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward_fp8(
+        &self,
+        kernel: &LoadedKernel,
+        x: &Fp8Inputs<'_>,
+        o: &mut TensorMut<'_>,
+        lse: &mut LseMut<'_>,
+        params: &[ParamArg<'_>],
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f32, FlashError> {
+        let mut owned = None;
+        let launch = self.prepare_fp8(kernel, x, o, lse, params, &mut owned)?;
+        self.time_launches(std::slice::from_ref(&launch), warmup, iters, None)
+    }
+
+    fn prepare_fp8<'a>(
+        &'a self,
+        kernel: &'a LoadedKernel,
+        x: &Fp8Inputs<'_>,
+        o: &TensorMut<'_>,
+        lse: &LseMut<'_>,
+        params: &[ParamArg<'_>],
+        owned: &mut Option<BlockMap>,
+    ) -> Result<PreparedLaunch<'a>, FlashError> {
+        if kernel.plan.spec.fp8.is_none() {
+            return Err(invalid(format!(
+                "kernel `{}` is not an fp8 kernel; its variant does not declare `dtype: e4m3` (use Runtime::forward)",
+                kernel.plan.kernel_name
+            )));
+        }
+        let stream = self.stream();
+        let [b, sk, hkv, d] = x.k.desc.shape;
+        let block = FP8_SCALE_BLOCK as usize;
+        let (blocks_q, blocks_k) = (x.q.desc.shape[1].div_ceil(block), sk.div_ceil(block));
+        let sp = blocks_k * block;
+        // Vᵀ as the kernel's `[batch, d, heads_kv, seq_padded]` view of the quantiser's
+        // `[batch, heads_kv, d, seq_padded]`.
+        let v = TensorRef::strided(
+            x.v_t,
+            [b, d, hkv, sp],
+            [(hkv * d * sp) as i64, sp as i64, (d * sp) as i64, 1],
+            stream,
+        );
+        let mut ops: Vec<OperandArg> = vec![
+            (&x.q.desc).into(),
+            (&x.k.desc).into(),
+            (&v.desc).into(),
+            (&o.desc).into(),
+            lse.into(),
+            tensor::flat_operand(x.q_scale, stream),
+            tensor::flat_operand(x.k_scale, stream),
+            tensor::flat_operand(x.v_scale, stream),
+        ];
+        if kernel
+            .plan
+            .operand(flash_dsl::plan::forward::SCHED_OPERAND)
+            .is_some()
+        {
+            ops.push(self.sched_operand()?);
+        }
+        let shape = ProblemShape::of(&x.q, &x.k);
+        if let Some(m) = self.map_operand(&kernel.plan, shape, params, None, owned)? {
+            ops.push(m);
+        }
+        let preset = [
+            (Extent::ScaleBlocksQ, blocks_q),
+            (Extent::ScaleBlocks, blocks_k),
+            (Extent::SeqPadded, sp),
+        ];
+        self.prepare_with(kernel, &ops, params, &[], &preset)
+    }
+}

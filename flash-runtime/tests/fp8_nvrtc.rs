@@ -1,0 +1,46 @@
+//! The fp8 forward (`dtype: e4m3`) of a dense, a masked, a score-hook and a parameterised
+//! variant compiled by NVRTC for sm_90a: no spills, and no wgmma serialised by ptxas (advisory
+//! C7520). Needs NVRTC, not a GPU; the GPU check (`flash-gpucheck --fp8-only`) runs them.
+
+mod common;
+
+use flash_dsl::plan::{default_config_for, forward::plan_forward, KernelFamily};
+use flash_runtime::compile::{compile, CompileOptions};
+
+const SOURCE: &str = "
+pub Fp8Dense { head_dim: 128, dtype: e4m3 }
+pub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }
+pub Fp8Softcap { head_dim: 128, dtype: e4m3, score: softcap(s, 20.0) }
+pub Fp8Window { head_dim: 128, dtype: e4m3, mask: window(256) }
+pub Fp8Alibi { head_dim: 128, dtype: e4m3, params: { slopes: [f32; heads] }, score: s + alibi(slopes[h]), mask: causal }
+";
+
+#[test]
+fn fp8_forward_kernels_compile_without_spills() {
+    if !common::have_nvrtc("fp8_forward_kernels_compile_without_spills") {
+        return;
+    }
+    let specs = flash_dsl::parse::parse_str(SOURCE).unwrap();
+    assert_eq!(specs.len(), 5);
+    for spec in specs {
+        let plan = plan_forward(&spec, default_config_for(&spec, KernelFamily::Sm90Ws)).unwrap();
+        let k = compile(&flash_dsl::emit(&plan), &CompileOptions::new("sm_90a"))
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel_name));
+        let r = &k.resources;
+        println!(
+            "{:<56} regs {:3} spills {}/{}{}",
+            plan.kernel_name,
+            r.registers,
+            r.spill_stores,
+            r.spill_loads,
+            if r.wgmma_serialized { " serial" } else { "" }
+        );
+        assert_eq!(
+            (r.spill_stores, r.spill_loads),
+            (0, 0),
+            "{}",
+            plan.kernel_name
+        );
+        assert!(!r.wgmma_serialized, "{}: {}", plan.kernel_name, k.log);
+    }
+}
