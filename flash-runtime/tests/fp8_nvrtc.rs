@@ -1,5 +1,5 @@
 //! The fp8 forward (`dtype: e4m3`) of a dense, a masked, a score-hook and a parameterised
-//! variant compiled by NVRTC for sm_90a: no spills, and no wgmma serialised by ptxas (advisory
+//! variant, in both schedules (two and three stages), compiled by NVRTC for sm_90a: no spills, and no wgmma serialised by ptxas (advisory
 //! C7520). Needs NVRTC, not a GPU; the GPU check (`flash-gpucheck --fp8-only`) runs them.
 
 mod common;
@@ -23,24 +23,28 @@ fn fp8_forward_kernels_compile_without_spills() {
     let specs = flash_dsl::parse::parse_str(SOURCE).unwrap();
     assert_eq!(specs.len(), 5);
     for spec in specs {
-        let plan = plan_forward(&spec, default_config_for(&spec, KernelFamily::Sm90Ws)).unwrap();
-        let k = compile(&flash_dsl::emit(&plan), &CompileOptions::new("sm_90a"))
-            .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel_name));
-        let r = &k.resources;
-        println!(
-            "{:<56} regs {:3} spills {}/{}{}",
-            plan.kernel_name,
-            r.registers,
-            r.spill_stores,
-            r.spill_loads,
-            if r.wgmma_serialized { " serial" } else { "" }
-        );
-        assert_eq!(
-            (r.spill_stores, r.spill_loads),
-            (0, 0),
-            "{}",
-            plan.kernel_name
-        );
-        assert!(!r.wgmma_serialized, "{}: {}", plan.kernel_name, k.log);
+        // Both schedules: in series (two stages) and overlapped (three).
+        let d = default_config_for(&spec, KernelFamily::Sm90Ws);
+        for stages in [2, 3] {
+            let plan = plan_forward(&spec, flash_dsl::TileConfig { stages, ..d }).unwrap();
+            let k = compile(&flash_dsl::emit(&plan), &CompileOptions::new("sm_90a"))
+                .unwrap_or_else(|e| panic!("{}: {e}", plan.kernel_name));
+            let r = &k.resources;
+            println!(
+                "{:<56} regs {:3} spills {}/{}{}",
+                plan.kernel_name,
+                r.registers,
+                r.spill_stores,
+                r.spill_loads,
+                if r.wgmma_serialized { " serial" } else { "" }
+            );
+            assert_eq!(
+                (r.spill_stores, r.spill_loads),
+                (0, 0),
+                "{}",
+                plan.kernel_name
+            );
+            assert!(!r.wgmma_serialized, "{}: {}", plan.kernel_name, k.log);
+        }
     }
 }

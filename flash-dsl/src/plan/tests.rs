@@ -734,12 +734,12 @@ fn fp8_forward_plan_and_its_limits() {
     let cfg = default_config_for(&s, KernelFamily::Sm90Ws);
     assert_eq!(
         (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
-        (128, 128, 12, 2)
+        (128, 128, 12, 3)
     );
     let p = plan(&s, Some(cfg)).unwrap();
     assert_eq!(
         p.kernel_name,
-        "flash_fwd_f_e4m3_d128x128_m128n128w12s2_sm90ws"
+        "flash_fwd_f_e4m3_d128x128_m128n128w12s3_sm90ws"
     );
     let names: Vec<&str> = p.operands.iter().map(|o| o.name.as_str()).collect();
     assert_eq!(
@@ -767,8 +767,8 @@ fn fp8_forward_plan_and_its_limits() {
         p.operands[6].dims,
         [Extent::Batch, Extent::HeadsKv, Extent::ScaleBlocks]
     );
-    // Q, then two stages of K and Vᵀ, one byte each, after the 1024-byte alignment.
-    assert_eq!(p.smem_bytes(), 1024 + 128 * 128 + 2 * 128 * (128 + 128));
+    // Q, then three stages of K and Vᵀ, one byte each, after the 1024-byte alignment.
+    assert_eq!(p.smem_bytes(), 1024 + 128 * 128 + 3 * 128 * (128 + 128));
     let src = crate::emit(&p).source;
     assert!(src.contains("constexpr bool FP8 = true;"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
@@ -779,8 +779,8 @@ fn fp8_forward_plan_and_its_limits() {
     assert!(err(plan(&s, Some(sm80))).contains("got sm80"));
     let d64 = parse("pub F { head_dim: 64, dtype: e4m3 }");
     assert!(err(plan(&d64, Some(cfg))).contains("head dim 128 only"));
-    let tile = TileConfig { stages: 3, ..cfg };
-    assert!(err(plan(&s, Some(tile))).contains("128x128x12x2; got 128x128x12x3"));
+    let tile = TileConfig { stages: 4, ..cfg };
+    assert!(err(plan(&s, Some(tile))).contains("2 or 3 stages; got 128x128x12x4"));
     let drop = parse("pub F { head_dim: 128, dtype: e4m3, dropout: 0.1 }");
     assert!(err(plan(&drop, Some(cfg))).contains("dropout"));
     let e = backward_pipeline(&s, cfg).unwrap_err().to_string();

@@ -322,13 +322,22 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
     ];
     let (mut n, mut fails) = (0, 0);
     let mut seed = 100u64;
-    for spec in &specs {
-        let kernel = match rt.load(spec, None) {
+    // Both schedules: two stages (in series) and three (Q·Kᵀ of the next tile under this one's
+    // softmax and P·V).
+    let configs = |spec: &flash_dsl::VariantSpec| {
+        let d = flash_dsl::plan::default_config_for(spec, flash_dsl::plan::KernelFamily::Sm90Ws);
+        [2u32, 3].map(|stages| flash_dsl::TileConfig { stages, ..d })
+    };
+    for (spec, cfg) in specs
+        .iter()
+        .flat_map(|s| configs(s).into_iter().map(move |c| (s, c)))
+    {
+        let kernel = match rt.load(spec, Some(cfg)) {
             Ok(k) => k,
             Err(e) => {
                 n += 1;
                 fails += 1;
-                println!("FAIL fp8 {}: loading: {e}", spec.name);
+                println!("FAIL fp8 {} stages {}: loading: {e}", spec.name, cfg.stages);
                 continue;
             }
         };
@@ -351,8 +360,9 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 }
                 let x = fp8_problem(shape, outliers, seed);
                 let label = format!(
-                    "fp8 {} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
+                    "fp8 {} s{} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
                     spec.name,
+                    cfg.stages,
                     if outliers { "outliers" } else { "normal" }
                 );
                 let (o, lse, _) = match run_fp8(rt, &kernel, &x, shape, &params, None) {
@@ -448,8 +458,16 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
             } else {
                 (pick("Fp8Dense"), pick("Dense"))
             };
-            let kernel = rt.load(f8, None)?;
+            let default =
+                flash_dsl::plan::default_config_for(f8, flash_dsl::plan::KernelFamily::Sm90Ws);
+            let other = flash_dsl::TileConfig {
+                stages: 5 - default.stages,
+                ..default
+            };
+            let kernel = rt.load(f8, Some(default))?;
             let (_, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
+            let k_other = rt.load(f8, Some(other))?;
+            let (_, _, ms_other) = run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?;
             let kb = rt.load(bf, None)?;
             let ms16 = {
                 let t = TensorRef::new(&xb, [b, n, h, d], st);
@@ -460,6 +478,7 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
             let tag = if causal { "_causal" } else { "" };
             for (variant, dtype, ms) in [
                 (format!("fp8{tag}"), "e4m3", ms8),
+                (format!("fp8{tag}_s{}", other.stages), "e4m3", ms_other),
                 (format!("fp8{tag}+quant"), "e4m3", ms8 + quant_ms),
                 (format!("bf16{tag}"), "bf16", ms16),
             ] {
