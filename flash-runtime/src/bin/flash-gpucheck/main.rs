@@ -368,6 +368,10 @@ fn main() -> ExitCode {
             n - fails
         );
         failed |= fails > 0;
+        if let Err(e) = fp8check::accuracy_table(&rt) {
+            println!("# fp8 accuracy table failed: {e}");
+            failed = true;
+        }
     }
     if do_varlen && do_check {
         let families: Vec<KernelFamily> =
