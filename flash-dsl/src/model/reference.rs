@@ -241,6 +241,36 @@ pub fn forward(spec: &VariantSpec, p: &Problem) -> Output {
 /// and rounded, the softmax in f32, `P` rounded before `P·V`, and the output rounded. The LSE is
 /// kept in f32. `round` is [`round_bf16`] or [`round_f16`].
 pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> Output {
+    forward_plain(
+        spec,
+        p,
+        PlainRounding {
+            input: round,
+            score: round,
+            p: round,
+            out: round,
+        },
+    )
+}
+
+/// Where a plain implementation rounds: the inputs (and `q·scale`), the score (after the
+/// product and after the score modification), the normalised probabilities before `P·V`, the
+/// output.
+struct PlainRounding {
+    input: fn(f32) -> f32,
+    score: fn(f32) -> f32,
+    p: fn(f32) -> f32,
+    out: fn(f32) -> f32,
+}
+
+/// The plain implementations' shared body (see [`forward_lowp`], [`forward_fp8_plain`]).
+fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
+    let PlainRounding {
+        input: round,
+        score: round_s,
+        p: round_p,
+        out: round_out,
+    } = r;
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     let env = Env::new(spec, &p.params, p.sizes());
@@ -267,10 +297,10 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
                 scores.clear();
                 for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let krow = &k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
-                    let s = round(qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>());
+                    let s = round_s(qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>());
                     let s = if spec.score.is_some() {
                         pt.s = s as f64;
-                        round(env.score(&pt) as f32)
+                        round_s(env.score(&pt) as f32)
                     } else {
                         s
                     };
@@ -283,74 +313,11 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
                 let l: f32 = scores.iter().map(|&(_, s)| (s - m).exp()).sum();
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for &(j, s) in &scores {
-                    let mut w = round((s - m).exp() / l);
+                    let mut w = round_p((s - m).exp() / l);
                     if spec.dropout.is_some() {
                         // dropout(P) = P·mask/(1 − p), one more half-precision op.
-                        w = round(w * drop.at(b, h, i, j) as f32);
+                        w = round_p(w * drop.at(b, h, i, j) as f32);
                     }
-                    let vrow = &v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
-                    for (a, v) in acc.iter_mut().zip(vrow) {
-                        *a += w * v;
-                    }
-                }
-                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
-                for (o, a) in out.o[orow..orow + dv].iter_mut().zip(&acc) {
-                    *o = round(*a) as f64;
-                }
-                out.lse[(b * p.heads_q + h) * p.seq_q + i] = (m + l.ln()) as f64;
-            }
-        }
-    }
-    out
-}
-
-/// The plain same-precision implementation of an fp8 variant (FlashAttention's 2× rule for the
-/// fp8 forward): `p` holds the *dequantised* inputs (codes times scales), used in f32; `S` is
-/// accumulated in f32 and scaled, the score modification applied in f32, the softmax in f32,
-/// then `P` — as an fp8 `P·V` product needs it — multiplied by 256, rounded to e4m3 and scaled
-/// back before `P·V` in f32; the output is rounded to the output dtype (bf16). The LSE is kept
-/// in f32. Dropout is not part of fp8 variants.
-pub fn forward_fp8_plain(spec: &VariantSpec, p: &Problem) -> Output {
-    p.check(spec);
-    let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
-    let env = Env::new(spec, &p.params, p.sizes());
-    let scale = spec.softmax_scale() as f32;
-    let round_out = rounding(spec.dtype);
-    let e4m3 = crate::fp8::Fp8Format::E4m3;
-    let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-    let (q, k, v) = (f32s(&p.q), f32s(&p.k), f32s(&p.v));
-    let mut out = Output {
-        o: vec![0.0; p.batch * p.seq_q * p.heads_q * dv],
-        lse: vec![f64::NEG_INFINITY; p.batch * p.heads_q * p.seq_q],
-        ..Output::default()
-    };
-    let mut scores: Vec<(usize, f32)> = Vec::with_capacity(p.seq_k);
-    let mut acc = vec![0f32; dv];
-    for b in 0..p.batch {
-        for h in 0..p.heads_q {
-            let kvh = p.kv_head(h);
-            for i in 0..p.seq_q {
-                let qrow = &q[Problem::row(b, i, h, p.seq_q, p.heads_q, dqk)..][..dqk];
-                scores.clear();
-                for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
-                    let krow = &k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
-                    let s = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    let s = if spec.score.is_some() {
-                        pt.s = s as f64;
-                        env.score(&pt) as f32
-                    } else {
-                        s
-                    };
-                    scores.push((j, s));
-                }
-                let m = scores.iter().map(|s| s.1).fold(f32::NEG_INFINITY, f32::max);
-                if m == f32::NEG_INFINITY {
-                    continue;
-                }
-                let l: f32 = scores.iter().map(|&(_, s)| (s - m).exp()).sum();
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                for &(j, s) in &scores {
-                    let w = e4m3.decode(e4m3.encode((s - m).exp() / l * 256.0)) / 256.0;
                     let vrow = &v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
                     for (a, v) in acc.iter_mut().zip(vrow) {
                         *a += w * v;
@@ -365,6 +332,29 @@ pub fn forward_fp8_plain(spec: &VariantSpec, p: &Problem) -> Output {
         }
     }
     out
+}
+
+/// The plain same-precision implementation of an fp8 variant (FlashAttention's 2× rule for the
+/// fp8 forward): `p` holds the *dequantised* inputs (codes times scales), used in f32; `q·scale`
+/// and `S` in f32, the score modification applied in f32, the softmax in f32,
+/// then `P` — as an fp8 `P·V` product needs it — multiplied by 256, rounded to e4m3 and scaled
+/// back before `P·V` in f32; the output is rounded to the output dtype (bf16). The LSE is kept
+/// in f32. Dropout is not part of fp8 variants.
+pub fn forward_fp8_plain(spec: &VariantSpec, p: &Problem) -> Output {
+    fn e4m3_p(w: f32) -> f32 {
+        let f = crate::fp8::Fp8Format::E4m3;
+        f.decode(f.encode(w * 256.0)) / 256.0
+    }
+    forward_plain(
+        spec,
+        p,
+        PlainRounding {
+            input: |x| x,
+            score: |x| x,
+            p: e4m3_p,
+            out: rounding(spec.dtype),
+        },
+    )
 }
 
 /// Rounds to the nearest bfloat16 (ties to even).
