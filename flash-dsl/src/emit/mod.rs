@@ -141,6 +141,8 @@ struct Context {
     early_p: bool,
     /// The wgmma backward adds dQ by TMA reductions from staged tiles (`plan::backward::dq_by_tma`).
     dq_tma: bool,
+    /// The sm90ws forward writes O by TMA stores from staged tiles (`plan::forward::o_by_tma`).
+    o_tma: bool,
     /// The kernel decides dropout (forward and backward main kernels of a variant with dropout).
     has_dropout: bool,
     /// The dropout probability as a C++ `float` expression over `args`.
@@ -393,6 +395,8 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             && plan
                 .operand("dq_accum")
                 .is_some_and(|(_, o)| o.tma_rows.is_some()),
+        o_tma: plan.kind == KernelKind::Forward
+            && plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
         has_dropout,
         dropout_p,
         mask_bits_body: plan

@@ -164,10 +164,42 @@ pub fn fp8_operands(
     ]
 }
 
+/// Bytes of shared memory the sm90ws forward stages O in for its TMA stores: a box of 64 rows
+/// per consumer warpgroup (`block_m` rows in all) in planes of 64 columns of 128-byte rows.
+pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    cfg.block_m * spec.head_dim_v.div_ceil(64) * 128
+}
+
+/// Whether the sm90ws forward writes O by TMA stores (`cp.async.bulk.tensor`) of tiles staged
+/// in shared memory rather than by 4-byte stores from registers: for masked or block-sparse
+/// variants above head dim 64 where the staging tiles fit beside the K/V stages; not for fp8 or
+/// a packed batch (whose sequences a box could cross). The store is asynchronous, so a consumer
+/// starts its next item while O drains, and it writes whole lines where the accumulator layout
+/// gives each thread two columns of each 8-column tile. Measured on an H200 against register
+/// stores, same call (`bench/results/ab-o-tma/README.md`): causal d128 +9 / +3 / +1 % (n 1k /
+/// 4k / 16k), document +6-12 %, window +3-4 %, BigBird +7-8 %; plain dense d128 gained at n 1k
+/// (+5 %) but lost at 4k (-1.5 %) and 16k (-3 to -8 %, in two of three runs), and d64 moved
+/// within ±1.5 %, so those keep the register stores.
+pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
+    cfg.family == KernelFamily::Sm90Ws
+        && spec.fp8.is_none()
+        && (spec.mask.is_some() || spec.sparsity.is_some())
+        && spec.head_dim_v > 64
+        && smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES
+}
+
 /// Plans the forward kernel of `spec` with `config`.
 pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
     config_is_valid(spec, &config)?;
     let mut operands = forward_operands(spec, &config);
+    let o_tma = o_by_tma(spec, &config);
+    if o_tma {
+        let o = operands
+            .iter_mut()
+            .find(|o| o.name == "o")
+            .expect("the forward has an O");
+        o.tma_rows = Some(64);
+    }
     // The persistent warp-specialised kernel takes its work items from a launch-wide counter
     // (one `i32`, zero between launches: the kernel's last fetch resets it).
     if config.family == KernelFamily::Sm90Ws {
@@ -203,7 +235,12 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
                 }
             },
             threads: config.warps * 32,
-            smem_bytes: smem_bytes(spec, &config),
+            smem_bytes: smem_bytes(spec, &config)
+                + if o_tma {
+                    o_staging_bytes(spec, &config)
+                } else {
+                    0
+                },
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),

@@ -585,6 +585,20 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
             stages: 4
         }
     );
+    // 192 keys per step: two stages fit (Q 32 KiB, K 48 KiB and V 24 KiB per stage at head
+    // dims 128/64), three do not.
+    let wide = |stages| TileConfig {
+        family: KernelFamily::Sm90Ws,
+        ..cfg(128, 192, 12, stages)
+    };
+    assert_eq!(
+        plan(&plain, Some(wide(2))).unwrap().smem_bytes(),
+        1024 + 2 * (128 * 128 + 2 * 192 * (128 + 64))
+    );
+    assert!(matches!(
+        plan(&plain, Some(wide(3))).unwrap_err(),
+        PlanError::SharedMemory { .. }
+    ));
     assert!(PlanError::Sm90WsTile {
         block_n: 128,
         stages: 4
@@ -790,4 +804,45 @@ fn fp8_forward_plan_and_its_limits() {
     );
     assert!(err(plan_splitkv(&s, cfg)).contains("split-KV"));
     assert!(err(plan_varlen(&s, cfg)).contains("packed"));
+}
+
+/// O leaves the sm90ws forward by TMA stores from staged tiles for masked variants above head
+/// dim 64 where the staging fits: a fourth descriptor, 64-row boxes, the staging in the plan's
+/// shared memory. Plain dense, head dim 64, three stages at 128/128 and fp8 keep register stores.
+#[test]
+fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
+    use crate::plan::forward::{o_by_tma, o_staging_bytes};
+    let ws = |stages| TileConfig {
+        family: KernelFamily::Sm90Ws,
+        ..cfg(128, 128, 12, stages)
+    };
+    let mut causal = crate::parse::parse_str("C { head_dim: 128, dtype: bf16, mask: q >= k }")
+        .unwrap()
+        .remove(0);
+    let p = plan(&causal, Some(ws(2))).unwrap();
+    let (i, o) = p.operand("o").unwrap();
+    assert_eq!(o.tma_rows, Some(64));
+    assert!(p.args.slots.iter().any(|s| s.field == ArgField::Tma(i)));
+    assert_eq!(
+        p.smem_bytes(),
+        crate::plan::smem_bytes(&causal, &p.config) + 128 * 2 * 128
+    );
+    assert_eq!(o_staging_bytes(&causal, &p.config), 128 * 2 * 128);
+    // Three stages of 128 × 128 (Q 32 KiB + 3 × 64 KiB) leave no room for 32 KiB more.
+    assert!(!o_by_tma(&causal, &ws(3)));
+    assert!(plan(&causal, Some(ws(3)))
+        .unwrap()
+        .operand("o")
+        .unwrap()
+        .1
+        .tma_rows
+        .is_none());
+    // Plain dense and head dim 64 keep the register stores.
+    let dense = crate::parse::parse_str("D { head_dim: 128, dtype: bf16 }")
+        .unwrap()
+        .remove(0);
+    assert!(!o_by_tma(&dense, &ws(2)));
+    causal.head_dim_qk = 64;
+    causal.head_dim_v = 64;
+    assert!(!o_by_tma(&causal, &ws(2)));
 }

@@ -137,7 +137,7 @@ pub enum PlanError {
     },
     /// The warp-specialised kernel's keys per step or K/V stages are outside what it supports.
     #[error(
-        "the sm90ws kernel takes block_n 64 or 128 and stages 2 (Q·Kᵀ, softmax and P·V in series) or 3 (the overlapped schedule); got block_n {block_n}, stages {stages}"
+        "the sm90ws kernel takes block_n 64, 128 or 192 and stages 2 (Q·Kᵀ, softmax and P·V in series) or 3 (the overlapped schedule); got block_n {block_n}, stages {stages}"
     )]
     Sm90WsTile {
         /// The configuration's keys per step.
@@ -315,7 +315,12 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
             let cfg = TileConfig {
                 block_m: 128,
                 // 128 keys per step at every head dim: at d=64 the tuner measured 128x128
-                // 14 % faster than 128x64 on an H200 (fewer steps amortise the softmax).
+                // 14 % faster than 128x64 on an H200 (fewer steps amortise the softmax). 192
+                // keys (two stages only at d 128) against 128, same call, three rounds
+                // (`bench/results/history/2026-11-24-bn192-attempt/`): dense d128 -8 / -2 / +2 %
+                // at n 1k / 4k / 16k, causal -5 / -2 / +2 %, windows and documents -12 to -22 %
+                // (more of each edge tile masked), plain dense d64 (192 queries) -5 / +3 / +5 %.
+                // It stays a tuner candidate, not a default.
                 block_n: 128,
                 warps: 12,
                 stages: if overlap { 3 } else { 2 },
@@ -409,7 +414,7 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
                 warps: cfg.warps,
             });
         }
-        if !matches!(cfg.block_n, 64 | 128) || !matches!(cfg.stages, 2 | 3) {
+        if !matches!(cfg.block_n, 64 | 128 | 192) || !matches!(cfg.stages, 2 | 3) {
             return Err(PlanError::Sm90WsTile {
                 block_n: cfg.block_n,
                 stages: cfg.stages,

@@ -18,7 +18,7 @@ pub fn search_space(arch: &str, only: Option<KernelFamily>) -> Vec<TileConfig> {
         }
         for block_m in [64, 128, 192, 256] {
             for warps in [4, 8, 12, 16, 20] {
-                for block_n in [32, 64, 128] {
+                for block_n in [32, 64, 128, 192] {
                     for stages in 1..=3 {
                         v.push(TileConfig {
                             block_m,

@@ -1,7 +1,7 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--json OUT.json]
 //! ```
 //!
 //! **Decode** (with the forward's timings, or alone with `--decode-only`, or `--decode-sweep`
@@ -54,7 +54,9 @@
 //! **Time.** Dense/causal workloads (bf16, f16; d 64, 128; seq 1024, 4096, 16384 with
 //! batch·seq = 16384 and heads = 2048/d) and the variant workloads of `bench/peers.py`
 //! (d 128, 16 heads, bf16), CUDA events, median; FLOPs counted as peers.py does. Also cold
-//! NVRTC compile and warm disk-cache load latency. Rows go to `--json`.
+//! NVRTC compile and warm disk-cache load latency. Rows go to `--json`. `--time-set LIST` (comma
+//! separated: `bf16`, `f16`, `d64`, `d128`, `variants`, `decode`) times only those parts, so that
+//! an A/B of two builds fits in one device call; dtypes and head dims select dense/causal rows.
 
 mod backward;
 mod blockmap;
@@ -80,7 +82,7 @@ use flash_runtime::Runtime;
 
 use cases::{run_case, shapes, CaseResult, Shape};
 use judge::judge;
-use timing::timing;
+use timing::{timing, TimeSet};
 use variants::{load_variants, precompile, with};
 
 /// Runs every case of every variant on the GPU, then judges them on the CPU in parallel,
@@ -178,6 +180,7 @@ fn main() -> ExitCode {
     let mut decode_only = false;
     let mut decode_sweep = false;
     let mut json_out: Option<PathBuf> = None;
+    let mut set = TimeSet::all();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--variants" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
@@ -223,8 +226,15 @@ fn main() -> ExitCode {
                 do_bwd = false;
             }
             "--json" => json_out = args.next().map(PathBuf::from),
+            "--time-set" => match TimeSet::parse(&args.next().unwrap_or_default()) {
+                Ok(t) => set = t,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            },
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -434,14 +444,14 @@ fn main() -> ExitCode {
                 failed = true;
             }
         }
-        if do_fwd || decode_only {
+        if (do_fwd && set.decode) || decode_only {
             if let Err(e) = decode::timing_decode(&rt, &specs, &mut rows, decode_sweep) {
                 println!("# decode timing failed: {e}");
                 failed = true;
             }
         }
         if do_fwd {
-            if let Err(e) = timing(&rt, &specs, &mut rows) {
+            if let Err(e) = timing(&rt, &specs, &mut rows, &set) {
                 println!("# timing failed: {e}");
                 failed = true;
             }

@@ -12,7 +12,59 @@ use serde_json::{json, Value};
 use crate::device::{param_args, upload_params};
 use crate::variants::{example, precompile, with};
 
-/// Fraction of visible (q, k) pairs of a peers.py variant workload at `n × n`.
+/// Which forward timings to run (`--time-set`): dense/causal rows of the chosen dtypes and head
+/// dims, the variant workloads (with BigBird and the compile latency), the decode workloads.
+pub struct TimeSet {
+    pub dtypes: Vec<DType>,
+    pub dims: Vec<usize>,
+    pub variants: bool,
+    pub decode: bool,
+}
+
+impl TimeSet {
+    pub fn all() -> TimeSet {
+        TimeSet {
+            dtypes: vec![DType::Bf16, DType::F16],
+            dims: vec![64, 128],
+            variants: true,
+            decode: true,
+        }
+    }
+
+    /// `bf16,d128,variants`: a dtype or head dim named restricts the dense rows to those named
+    /// (none named: all); `variants` and `decode` switch those parts on (off unless named).
+    pub fn parse(list: &str) -> Result<TimeSet, String> {
+        let mut t = TimeSet {
+            dtypes: vec![],
+            dims: vec![],
+            variants: false,
+            decode: false,
+        };
+        for w in list.split(',').filter(|w| !w.is_empty()) {
+            match w {
+                "bf16" => t.dtypes.push(DType::Bf16),
+                "f16" => t.dtypes.push(DType::F16),
+                "d64" => t.dims.push(64),
+                "d128" => t.dims.push(128),
+                "variants" => t.variants = true,
+                "decode" => t.decode = true,
+                other => {
+                    return Err(format!(
+                    "--time-set: unknown part `{other}` (bf16, f16, d64, d128, variants, decode)"
+                ))
+                }
+            }
+        }
+        if t.dtypes.is_empty() {
+            t.dtypes = vec![DType::Bf16, DType::F16];
+        }
+        if t.dims.is_empty() {
+            t.dims = vec![64, 128];
+        }
+        Ok(t)
+    }
+}
+
 /// The peers.py variant workloads at sequence length `n` with `h` heads: (label, example
 /// variant, param values), and the sorted document ids the document mask uses.
 pub(crate) fn variant_workloads(
@@ -125,34 +177,40 @@ pub fn timing(
     rt: &Runtime,
     specs: &[VariantSpec],
     rows: &mut Vec<Value>,
+    set: &TimeSet,
 ) -> Result<(), FlashError> {
     let get = |name: &str| example(specs, name);
     let gpu = rt.info().name.clone();
     let elems = 16384 * 2048;
     // Kernels first, in parallel.
     let mut all = Vec::new();
-    for dt in [DType::Bf16, DType::F16] {
-        for d in [64u32, 128] {
-            all.push(with(&get("Dense")?, d, dt));
-            all.push(with(&get("Causal")?, d, dt));
+    for &dt in &set.dtypes {
+        for &d in &set.dims {
+            all.push(with(&get("Dense")?, d as u32, dt));
+            all.push(with(&get("Causal")?, d as u32, dt));
         }
     }
-    for v in [
-        "Softcap",
-        "Alibi",
-        "SlidingWindow",
-        "Document",
-        "PrefixLm",
-        "BigBird",
-    ] {
+    let variant_names: &[&str] = if set.variants {
+        &[
+            "Softcap",
+            "Alibi",
+            "SlidingWindow",
+            "Document",
+            "PrefixLm",
+            "BigBird",
+        ]
+    } else {
+        &[]
+    };
+    for v in variant_names {
         all.push(with(&get(v)?, 128, DType::Bf16));
     }
     let all: Vec<_> = all.into_iter().map(|s| (s, None)).collect();
     precompile(rt, &all);
 
-    for dt in [DType::Bf16, DType::F16] {
+    for &dt in &set.dtypes {
         let mut bufs = time_bufs(rt, elems, 16384 * 32, dt)?;
-        for d in [64usize, 128] {
+        for &d in &set.dims {
             let h = 2048 / d;
             for n in [1024usize, 4096, 16384] {
                 let b = 16384 / n;
@@ -175,6 +233,9 @@ pub fn timing(
                 }
             }
         }
+    }
+    if !set.variants {
+        return Ok(());
     }
     let mut bufs = time_bufs(rt, 16384 * 16 * 128, 16384 * 16, DType::Bf16)?;
     let (d, h) = (128usize, 16usize);
