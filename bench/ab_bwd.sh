@@ -32,24 +32,5 @@ for r in 1 2; do
     timeout 75 "$bin" --backward-only --no-check >"$OUT/bwd-time-$v-$r.log" 2>&1
   done
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/bwd-ab.md"
-import re, sys, collections
-out = sys.argv[1]
-rows = collections.defaultdict(lambda: {"old": [], "new": []})
-for v in ("old", "new"):
-    for r in (1, 2):
-        try:
-            lines = open(f"{out}/bwd-time-{v}-{r}.log").read().splitlines()
-        except OSError:
-            continue
-        for l in lines:
-            m = re.match(r"^(bwd .*?)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s", l)
-            if m:
-                rows[m.group(1)][v].append(float(m.group(2)))
-print("| row | old ms (2 runs) | new ms (2 runs) | old / new (best of each) |")
-print("|---|---|---|---|")
-for k, d in rows.items():
-    if d["old"] and d["new"]:
-        print(f"| {k} | {' '.join(f'{x:.3f}' for x in d['old'])} | {' '.join(f'{x:.3f}' for x in d['new'])} | {min(d['old']) / min(d['new']):.3f} |")
-PY
+python3 bench/ab_table.py "$OUT" bwd-time 2 bwd | tee "$OUT/bwd-ab.md"
 exit $status

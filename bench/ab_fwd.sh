@@ -32,24 +32,5 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     env $envs timeout "${TIME_TIMEOUT:-90}" "$bin" --no-check "${targs[@]}" >"$OUT/fwd-time-$v-$r.log" 2>&1
   done
 done
-python3 - "$OUT" "${ROUNDS:-2}" <<'PY' | tee "$OUT/fwd-ab.md"
-import re, sys, collections
-out, rounds = sys.argv[1], int(sys.argv[2])
-rows = collections.defaultdict(lambda: {"old": [], "new": []})
-for v in ("old", "new"):
-    for r in range(1, rounds + 1):
-        try:
-            lines = open(f"{out}/fwd-time-{v}-{r}.log").read().splitlines()
-        except OSError:
-            continue
-        for l in lines:
-            m = re.match(r"^((?:fwd|fp8) .*?)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s", l)
-            if m:
-                rows[m.group(1)][v].append(float(m.group(2)))
-print(f"| row | old ms ({rounds} runs) | new ms ({rounds} runs) | old / new (best of each) |")
-print("|---|---|---|---|")
-for k, d in rows.items():
-    if d["old"] and d["new"]:
-        print(f"| {k} | {' '.join(f'{x:.3f}' for x in d['old'])} | {' '.join(f'{x:.3f}' for x in d['new'])} | {min(d['old']) / min(d['new']):.3f} |")
-PY
+python3 bench/ab_table.py "$OUT" fwd-time "${ROUNDS:-2}" "(?:fwd|fp8)" | tee "$OUT/fwd-ab.md"
 exit $status
