@@ -23,6 +23,8 @@
 //!   the driver (`libs::ensure_driver`) and `cuInit` it first, and bind their context to the
 //!   thread before a pointer query or a launch; the launch itself is sound only for a
 //!   [`PreparedLaunch`], see its `# Safety` comment.
+//! - **Scratch** ([`alloc_scratch_f32`]): uninitialised device memory for buffers a kernel writes
+//!   in full before any kernel reads them; the host never reads them.
 //! - **Signals** ([`exit_quietly_on_sigpipe`]): a write to a closed pipe ends the process with
 //!   status 0 instead of failing the write.
 
@@ -436,6 +438,24 @@ pub(crate) fn launch_prepared(launch: &PreparedLaunch<'_>) -> Result<(), DriverE
             &mut params,
         )
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device scratch
+// ---------------------------------------------------------------------------------------------
+
+/// `len` f32 of device memory on `stream`, not initialised: scratch that a kernel of the same
+/// stream writes in full before any kernel reads it (the backward's dQ accumulator and delta,
+/// which its pre-processing kernel zeroes and computes). Spares a memset of the size of the
+/// accumulator — as much traffic again as zeroing it.
+pub(crate) fn alloc_scratch_f32(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    len: usize,
+) -> Result<cudarc::driver::CudaSlice<f32>, DriverError> {
+    // SAFETY: the memory is only ever touched by kernels of `stream`, ordered after the kernel
+    // that writes every element (the caller's contract above); the host never reads it, so no
+    // uninitialised value reaches Rust code.
+    unsafe { stream.alloc::<f32>(len) }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 //!
 //! 1. [`KernelKind::BackwardPre`]: `delta = rowsum(dO ∘ O)` per query row, and zeroes the fp32
 //!    dQ accumulator, one block per query tile.
-//! 2. [`KernelKind::BackwardMain`]: one block per (key tile, KV head, batch) holds K_j and V_j
-//!    and walks the query tiles of every query head of its group, skipping the tiles the mask
+//! 2. [`KernelKind::BackwardMain`]: one block per (key tile, KV head, batch) — or, in the wgmma
+//!    kernel outside the deterministic mode, one persistent block per SM taking those items in
+//!    turn (see [`persistent_backward`]) — holds K_j and V_j and walks the query tiles of every query head of its group, skipping the tiles the mask
 //!    classification finds empty; it recomputes P from Q, K and the LSE, accumulates dV += Pᵀ·dO
 //!    and dK += dSᵀ·Q in registers (so GQA's sum over the group is a register sum, and dK/dV are
 //!    deterministic), and adds dQ += dS·K into the fp32 accumulator with atomics. Gradients of
@@ -18,8 +19,8 @@ use super::operand::{
 };
 use super::tile::{KernelFamily, PlanError, TileConfig};
 use super::{
-    forward::attention_scalars, forward::ATTENTION_SCALARS, kernel_name, KernelKind, KernelPlan,
-    Pipeline,
+    forward::attention_scalars, forward::ATTENTION_SCALARS, forward::SCHED_OPERAND, kernel_name,
+    KernelKind, KernelPlan, Pipeline,
 };
 use crate::deriv::{score_gradient, ParamGrad};
 use crate::spec::{Expr, ScalarTy, Var, VariantSpec};
@@ -346,14 +347,15 @@ pub fn plan_dq_convert(spec: &VariantSpec) -> Result<KernelPlan, PlanError> {
 /// Shared memory of the main kernel. Sm80: K and V of the block; Q and dO of this step and the
 /// next (rows padded to 64 elements for the swizzle); dSᵀ (block_n × block_m); the LSE and delta
 /// of both steps. Sm90: 1024 spare bytes to align the wgmma swizzle atoms; K and V; Q, dO, LSE
-/// and delta in three stages; dSᵀ of two step parities; ten mbarriers.
+/// and delta in three stages; dSᵀ of two step parities; ten mbarriers and the persistent block's
+/// fetched item (16 bytes).
 pub fn backward_smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     let pad = |d: u32| d.div_ceil(64) * 64;
     let elem = spec.dtype.size() as u32;
     let (dqk, dv) = (pad(spec.head_dim_qk), pad(spec.head_dim_v));
     let (bm, bn) = (cfg.block_m, cfg.block_n);
     if cfg.family == KernelFamily::Sm90 {
-        1024 + elem * ((bn + 3 * bm) * (dqk + dv) + 2 * bn * bm) + 3 * 2 * 4 * bm + 80
+        1024 + elem * ((bn + 3 * bm) * (dqk + dv) + 2 * bn * bm) + 3 * 2 * 4 * bm + 96
     } else {
         elem * ((bn + 2 * bm) * (dqk + dv) + bn * bm) + 2 * 2 * 4 * bm
     }
@@ -385,6 +387,18 @@ pub fn dq_by_tma(spec: &VariantSpec, cfg: &TileConfig, deterministic: bool) -> b
         && !deterministic
         && backward_smem_bytes(spec, cfg) + dq_staging_bytes(spec, cfg)
             <= super::tile::MAX_SMEM_BYTES
+}
+
+/// Whether the main kernel is persistent: a block per SM takes (key tile, KV head, batch) items
+/// from a launch-wide counter (the forward's `sched` operand), and loads the next item's K, V and
+/// first Q/dO tiles before it writes the current item's dK and dV, instead of a block per item
+/// paying a launch, a cold prologue and an unhidden epilogue each time — a large share of a
+/// short walk (windows, documents, the causal diagonal). The wgmma kernel outside the
+/// deterministic mode, whose semaphores need every key tile of a query tile's column to start in
+/// index order (a block per item guarantees that; a counter handed out in order does too, but a
+/// block holding a later tile could then wait on one not yet fetched by any running block).
+pub fn persistent_backward(cfg: &TileConfig, deterministic: bool) -> bool {
+    cfg.family == KernelFamily::Sm90 && !deterministic
 }
 
 /// The main backward kernel.
@@ -433,6 +447,16 @@ pub fn plan_backward_main_with(
     // Row sums for the uniform-term correction, added into by atomics.
     operands.extend(fix_operands(spec, Role::Output));
     operands.extend(det_operands(deterministic, Role::Output));
+    let persistent = persistent_backward(&config, deterministic);
+    if persistent {
+        operands.push(Operand::new(
+            SCHED_OPERAND,
+            Role::Output,
+            OperandType::I32,
+            &[],
+            Layout::Contiguous,
+        ));
+    }
     // A data-dependent mask: the transposed block map (per key tile, its query tiles).
     let block_map = BlockMapPlan::for_spec(spec, config.block_m, config.block_n, true);
     if block_map.is_some() {
@@ -443,6 +467,12 @@ pub fn plan_backward_main_with(
         .map(ArgField::ParamGrad)
         .collect();
     let args = arg_layout_with(spec, &operands, &attention_scalars(spec), &grads, true);
+    let smem_bytes = backward_smem_bytes(spec, &config)
+        + if dq_tma {
+            dq_staging_bytes(spec, &config)
+        } else {
+            0
+        };
     Ok(KernelPlan {
         kind: KernelKind::BackwardMain,
         spec: spec.clone(),
@@ -450,16 +480,18 @@ pub fn plan_backward_main_with(
         args,
         operands,
         launch: LaunchShape {
-            grid: GridRule::KeyTilesKvHeads {
-                rows: config.block_n,
+            grid: if persistent {
+                GridRule::PersistentKeys {
+                    rows: config.block_n,
+                    per_sm: super::tile::blocks_per_sm(config.warps * 32, smem_bytes),
+                }
+            } else {
+                GridRule::KeyTilesKvHeads {
+                    rows: config.block_n,
+                }
             },
             threads: config.warps * 32,
-            smem_bytes: backward_smem_bytes(spec, &config)
-                + if dq_tma {
-                    dq_staging_bytes(spec, &config)
-                } else {
-                    0
-                },
+            smem_bytes,
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: det_name(
@@ -577,6 +609,44 @@ mod tests {
             .kernel_name
             .starts_with("flash_bwd_a_bf16_d64x64"));
         assert!(p.kernels[1].mask.is_some());
+    }
+
+    #[test]
+    fn the_wgmma_main_kernel_is_persistent_outside_the_deterministic_mode() {
+        let s = spec("C { head_dim: 128, dtype: bf16, mask: causal }");
+        let cfg = default_backward_config_for(&s, KernelFamily::Sm90Ws);
+        assert_eq!((cfg.family, cfg.block_m, cfg.block_n), (KernelFamily::Sm90, 64, 128));
+        let p = plan_backward_main_with(&s, cfg, false).unwrap();
+        // One block per SM at d = 128 (232 KB of shared memory), taking items from the counter.
+        let per_sm = super::super::tile::blocks_per_sm(256, p.smem_bytes());
+        assert_eq!(per_sm, 1);
+        assert_eq!(
+            p.launch.grid,
+            GridRule::PersistentKeys { rows: 128, per_sm }
+        );
+        assert!(p.operand(SCHED_OPERAND).is_some());
+        let ext = |seq_k: usize| {
+            move |e: Extent| match e {
+                SeqK => seq_k,
+                HeadsKv => 2,
+                Batch => 3,
+                _ => 0,
+            }
+        };
+        // 3 key tiles × 2 KV heads × 3 batch elements = 18 items: fewer blocks than SMs.
+        assert_eq!(p.launch.grid.grid(ext(300), 132), [18, 1, 1]);
+        assert_eq!(p.launch.grid.grid(ext(16384), 132), [132, 1, 1]);
+        // The deterministic mode keeps a block per item, in launch order, and no counter.
+        let d = plan_backward_main_with(&s, cfg, true).unwrap();
+        assert_eq!(d.launch.grid, GridRule::KeyTilesKvHeads { rows: 128 });
+        assert!(d.operand(SCHED_OPERAND).is_none());
+        // The mma.sync kernel is not persistent.
+        let m = plan_backward_main_with(&s, default_backward_config(), false).unwrap();
+        assert_eq!(m.launch.grid, GridRule::KeyTilesKvHeads { rows: 128 });
+        // Two 128-thread blocks of 64 keys fit one SM where their shared memory allows.
+        assert_eq!(super::super::tile::blocks_per_sm(128, 100_000), 2);
+        assert_eq!(super::super::tile::blocks_per_sm(128, 183_000), 1);
+        assert_eq!(super::super::tile::blocks_per_sm(256, 100_000), 1);
     }
 
     #[test]

@@ -378,6 +378,14 @@ pub enum GridRule {
         /// Query positions per work item (`block_m`).
         rows: u32,
     },
+    /// `(min(ceil(seq_k / rows) · heads_kv · batch, per_sm · SMs), 1, 1)`: a persistent kernel
+    /// whose blocks loop over the (key tile, KV head, batch) items, as many blocks per SM as fit.
+    PersistentKeys {
+        /// Key positions per work item (`block_n`).
+        rows: u32,
+        /// Blocks one SM holds at once ([`super::tile::blocks_per_sm`]).
+        per_sm: u32,
+    },
     /// `(max(splits, 1), heads_kv · ceil(heads_q / heads_kv · seq_q / rows), batch)`: the split-KV
     /// kernel's blocks, each a tile of packed (query, head) rows of one KV head and one split of
     /// its keys.
@@ -409,6 +417,12 @@ impl GridRule {
                     * get(Extent::HeadsQ)
                     * get(Extent::Batch);
                 [items.min(sms.max(1)), 1, 1]
+            }
+            GridRule::PersistentKeys { rows, per_sm } => {
+                let items = get(Extent::SeqK).div_ceil(rows as usize)
+                    * get(Extent::HeadsKv)
+                    * get(Extent::Batch);
+                [items.min(sms.max(1) * per_sm.max(1) as usize), 1, 1]
             }
             GridRule::QueryTiles { rows } => [
                 get(Extent::SeqQ).div_ceil(rows as usize),

@@ -242,6 +242,19 @@ pub fn head_dims_valid(spec: &VariantSpec) -> Result<(), PlanError> {
 /// Dynamic shared memory one block may opt into on sm_90 (227 KiB).
 pub const MAX_SMEM_BYTES: u32 = 227 * 1024;
 
+/// Shared memory of one sm_90 SM (228 KiB), of which each resident block also takes 1 KiB the
+/// system reserves.
+pub const SM_SMEM_BYTES: u32 = 228 * 1024;
+
+/// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory one sm_90 SM
+/// holds at once, at most: by shared memory, and by registers at the most a thread may have
+/// (255, allocated in 256s: the plan does not know ptxas's count). At least 1.
+pub fn blocks_per_sm(threads: u32, smem: u32) -> u32 {
+    let by_smem = SM_SMEM_BYTES / (smem + 1024);
+    let by_regs = 65536 / (threads.max(1) * 256);
+    by_smem.min(by_regs).max(1)
+}
+
 /// The default tile configuration for a spec and kernel family, by its larger head dim.
 ///
 /// sm90ws (the default on sm_90a, measured on an H200): two consumer warpgroups of 64 rows and

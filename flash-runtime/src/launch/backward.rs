@@ -190,13 +190,11 @@ impl Runtime {
         let [b, sq, hq, dqk] = input.q.desc.shape;
         let n_delta = (b * hq * sq).max(1);
         let n_acc = (b * sq * hq * dqk).max(1);
-        let mut delta = self
-            .stream
-            .alloc_zeros::<f32>(n_delta)
+        // Not zeroed here: the pre-processing kernel writes every row of delta and zeroes every
+        // element of the accumulator (a memset here would move as many bytes again).
+        let mut delta = crate::ffi::alloc_scratch_f32(&self.stream, n_delta)
             .map_err(|e| driver("allocating delta", e))?;
-        let mut acc = self
-            .stream
-            .alloc_zeros::<f32>(n_acc)
+        let mut acc = crate::ffi::alloc_scratch_f32(&self.stream, n_acc)
             .map_err(|e| driver("allocating the dQ accumulator", e))?;
         let me = ctx_id(&self.ctx);
         let (delta_ptr, _s1) = delta.device_ptr_mut(&self.stream);
@@ -280,8 +278,22 @@ impl Runtime {
             v.extend(fix_ops.iter().cloned());
             v
         };
+        // The persistent main kernel's work counter (see `plan::backward::persistent_backward`).
+        let sched_op = if main
+            .plan
+            .operand(flash_dsl::plan::forward::SCHED_OPERAND)
+            .is_some()
+        {
+            Some(self.sched_operand()?)
+        } else {
+            None
+        };
         let with_sem = |mut v: Vec<OperandArg>| {
             v.extend(sem_ops.iter().cloned());
+            v
+        };
+        let with_sched = |mut v: Vec<OperandArg>| {
+            v.extend(sched_op.iter().cloned());
             v
         };
         let fixing = !fix_ops.is_empty();
@@ -306,7 +318,7 @@ impl Runtime {
             )?,
             self.prepare(
                 &main,
-                &with_map(with_sem(with_fix(vec![
+                &with_map(with_sched(with_sem(with_fix(vec![
                     t(&input.q),
                     t(&input.k),
                     t(&input.v),
@@ -316,7 +328,7 @@ impl Runtime {
                     acc_op.clone(),
                     m(&grads.dk),
                     m(&grads.dv),
-                ]))),
+                ])))),
                 params,
                 &grad_args,
             )?,
