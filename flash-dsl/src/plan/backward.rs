@@ -615,7 +615,10 @@ mod tests {
     fn the_wgmma_main_kernel_is_persistent_outside_the_deterministic_mode() {
         let s = spec("C { head_dim: 128, dtype: bf16, mask: causal }");
         let cfg = default_backward_config_for(&s, KernelFamily::Sm90Ws);
-        assert_eq!((cfg.family, cfg.block_m, cfg.block_n), (KernelFamily::Sm90, 64, 128));
+        assert_eq!(
+            (cfg.family, cfg.block_m, cfg.block_n),
+            (KernelFamily::Sm90, 64, 128)
+        );
         let p = plan_backward_main_with(&s, cfg, false).unwrap();
         // One block per SM at d = 128 (232 KB of shared memory), taking items from the counter.
         let per_sm = super::super::tile::blocks_per_sm(256, p.smem_bytes());
