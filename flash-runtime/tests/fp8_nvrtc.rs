@@ -7,13 +7,8 @@ mod common;
 use flash_dsl::plan::{default_config_for, forward::plan_forward, KernelFamily};
 use flash_runtime::compile::{compile, CompileOptions};
 
-const SOURCE: &str = "
-pub Fp8Dense { head_dim: 128, dtype: e4m3 }
-pub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }
-pub Fp8Softcap { head_dim: 128, dtype: e4m3, score: softcap(s, 20.0) }
-pub Fp8Window { head_dim: 128, dtype: e4m3, mask: window(256) }
-pub Fp8Alibi { head_dim: 128, dtype: e4m3, params: { slopes: [f32; heads] }, score: s + alibi(slopes[h]), mask: causal }
-";
+/// The fp8 variants, shared with the GPU check (`flash-gpucheck --fp8-only`).
+const SOURCE: &str = include_str!("../../examples/fp8/check.flash");
 
 #[test]
 fn fp8_forward_kernels_compile_without_spills() {
