@@ -8,7 +8,7 @@ use flash_dsl::plan::{default_config_for, forward::plan_forward, KernelFamily};
 use flash_runtime::compile::{compile, CompileOptions};
 
 /// The fp8 variants, shared with the GPU check (`flash-gpucheck --fp8-only`).
-const SOURCE: &str = include_str!("../../examples/fp8/check.flash");
+const SOURCE: &str = include_str!("../fp8_check.flash");
 
 #[test]
 fn fp8_forward_kernels_compile_without_spills() {

@@ -191,7 +191,7 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
 
 /// The fp8 variants the attention check and timings run (`dtype: e4m3`: codes and block scales
 /// in, bf16 out), from the one list CI's NVRTC test compiles too.
-pub const FP8_SOURCE: &str = include_str!("../../../../examples/fp8/check.flash");
+pub const FP8_SOURCE: &str = include_str!("../../../fp8_check.flash");
 
 /// Host-side fp8 inputs of one problem: the codes and scales the kernel reads (V transposed),
 /// and the dequantised Q, K, V (float64) the reference attends over.
