@@ -19,7 +19,7 @@ use super::operand::{
 };
 use super::tile::{KernelFamily, PlanError, TileConfig};
 use super::{
-    forward::attention_scalars, forward::ATTENTION_SCALARS, forward::SCHED_OPERAND, kernel_name,
+    forward::attention_scalars, forward::sched_operand, forward::ATTENTION_SCALARS, kernel_name,
     KernelKind, KernelPlan, Pipeline,
 };
 use crate::deriv::{score_gradient, ParamGrad};
@@ -449,13 +449,7 @@ pub fn plan_backward_main_with(
     operands.extend(det_operands(deterministic, Role::Output));
     let persistent = persistent_backward(&config, deterministic);
     if persistent {
-        operands.push(Operand::new(
-            SCHED_OPERAND,
-            Role::Output,
-            OperandType::I32,
-            &[],
-            Layout::Contiguous,
-        ));
+        operands.push(sched_operand());
     }
     // A data-dependent mask: the transposed block map (per key tile, its query tiles).
     let block_map = BlockMapPlan::for_spec(spec, config.block_m, config.block_n, true);
@@ -627,7 +621,7 @@ mod tests {
             p.launch.grid,
             GridRule::PersistentKeys { rows: 128, per_sm }
         );
-        assert!(p.operand(SCHED_OPERAND).is_some());
+        assert!(p.operand(super::super::forward::SCHED_OPERAND).is_some());
         let ext = |seq_k: usize| {
             move |e: Extent| match e {
                 SeqK => seq_k,
@@ -642,7 +636,7 @@ mod tests {
         // The deterministic mode keeps a block per item, in launch order, and no counter.
         let d = plan_backward_main_with(&s, cfg, true).unwrap();
         assert_eq!(d.launch.grid, GridRule::KeyTilesKvHeads { rows: 128 });
-        assert!(d.operand(SCHED_OPERAND).is_none());
+        assert!(d.operand(super::super::forward::SCHED_OPERAND).is_none());
         // The mma.sync kernel is not persistent.
         let m = plan_backward_main_with(&s, default_backward_config(), false).unwrap();
         assert_eq!(m.launch.grid, GridRule::KeyTilesKvHeads { rows: 128 });

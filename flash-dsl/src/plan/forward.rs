@@ -18,6 +18,18 @@ use Extent::*;
 /// The work counter of a persistent kernel (see [`plan_forward`]).
 pub const SCHED_OPERAND: &str = "sched";
 
+/// The persistent kernels' launch-wide work counter: one `i32`, zero between launches (each
+/// launch's last fetch resets it).
+pub fn sched_operand() -> Operand {
+    Operand::new(
+        SCHED_OPERAND,
+        Role::Output,
+        OperandType::I32,
+        &[],
+        Layout::Contiguous,
+    )
+}
+
 /// The scalars every attention kernel reads.
 pub const ATTENTION_SCALARS: [ArgField; 7] = [
     ArgField::Size(Batch),
@@ -203,13 +215,7 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
     // The persistent warp-specialised kernel takes its work items from a launch-wide counter
     // (one `i32`, zero between launches: the kernel's last fetch resets it).
     if config.family == KernelFamily::Sm90Ws {
-        operands.push(Operand::new(
-            SCHED_OPERAND,
-            Role::Output,
-            OperandType::I32,
-            &[],
-            Layout::Contiguous,
-        ));
+        operands.push(sched_operand());
     }
     // A data-dependent mask: the kernel walks a block map instead of classifying tiles.
     let block_map = BlockMapPlan::for_spec(spec, config.block_m, config.block_n, false);

@@ -35,7 +35,7 @@
 //! What stays outside: a constant dropout probability. [`varlen_unsupported`] says why, and the
 //! plan fails with [`PlanError::VarlenVariant`].
 
-use super::forward::{attention_scalars, forward_operands, plan_forward, SCHED_OPERAND};
+use super::forward::{attention_scalars, forward_operands, plan_forward, sched_operand};
 use super::operand::{arg_layout, ArgField, Extent, Layout, Operand, OperandType, Role};
 use super::tile::{KernelFamily, PlanError, TileConfig};
 use super::{kernel_name, KernelKind, KernelPlan};
@@ -79,13 +79,7 @@ pub fn varlen_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
         ));
     }
     if cfg.family == KernelFamily::Sm90Ws {
-        ops.push(Operand::new(
-            SCHED_OPERAND,
-            Role::Output,
-            OperandType::I32,
-            &[],
-            Layout::Contiguous,
-        ));
+        ops.push(sched_operand());
     }
     ops
 }
