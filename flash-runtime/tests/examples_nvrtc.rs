@@ -8,7 +8,7 @@
 
 mod common;
 
-use flash_dsl::plan::{default_config_for, plan, KernelFamily};
+use flash_dsl::plan::{default_config_for, default_config_for_launch, plan, KernelFamily};
 use flash_dsl::{emit, DType, VariantSpec};
 use flash_runtime::compile::{compile, CompileOptions};
 
@@ -28,15 +28,22 @@ fn every_example_variant_compiles_without_spills() {
                 for arch in ["sm_80", "sm_90", "sm_90a"] {
                     let mut s = spec.clone();
                     (s.head_dim_qk, s.head_dim_v, s.dtype) = (d, d, dtype);
-                    jobs.push((s, arch));
+                    let family = KernelFamily::for_arch(arch);
+                    // The default, and where a long launch takes another one, that one too.
+                    let short = default_config_for(&s, family);
+                    let long = default_config_for_launch(&s, family, 1 << 20);
+                    jobs.push((s.clone(), arch, short));
+                    if long != short {
+                        jobs.push((s, arch, long));
+                    }
                 }
             }
         }
     }
-    assert_eq!(jobs.len(), 11 * 2 * 2 * 3, "eleven example variants");
-    let rows = common::par_map(&jobs, |(spec, arch)| {
-        let family = KernelFamily::for_arch(arch);
-        let p = plan(spec, Some(default_config_for(spec, family))).unwrap();
+    // Eleven example variants; the causal one at d64 also in its long-launch tile, twice (dtypes).
+    assert_eq!(jobs.len(), 11 * 2 * 2 * 3 + 2, "eleven example variants");
+    let rows = common::par_map(&jobs, |(spec, arch, cfg)| {
+        let p = plan(spec, Some(*cfg)).unwrap();
         let k = compile(&emit(&p), &CompileOptions::new(*arch))
             .unwrap_or_else(|e| panic!("{} d{} {arch}: {e}", spec.name, spec.head_dim_qk));
         (spec.clone(), *arch, p, k)

@@ -143,6 +143,8 @@ struct Context {
     dq_tma: bool,
     /// The sm90ws forward writes O by TMA stores from staged tiles (`plan::forward::o_by_tma`).
     o_tma: bool,
+    /// ... up to this many keys (`plan::forward::o_tma_max_keys`), by register stores beyond.
+    o_tma_max_keys: u32,
     /// The kernel decides dropout (forward and backward main kernels of a variant with dropout).
     has_dropout: bool,
     /// The dropout probability as a C++ `float` expression over `args`.
@@ -397,6 +399,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
                 .is_some_and(|(_, o)| o.tma_rows.is_some()),
         o_tma: plan.kind == KernelKind::Forward
             && plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
+        o_tma_max_keys: crate::plan::forward::o_tma_max_keys(spec),
         has_dropout,
         dropout_p,
         mask_bits_body: plan

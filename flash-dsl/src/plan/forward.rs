@@ -182,23 +182,41 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     cfg.block_m * spec.head_dim_v.div_ceil(64) * 128
 }
 
-/// Whether the sm90ws forward writes O by TMA stores (`cp.async.bulk.tensor`) of tiles staged
-/// in shared memory rather than by 4-byte stores from registers: for masked or block-sparse
-/// variants above head dim 64 where the staging tiles fit beside the K/V stages; not for fp8 or
-/// a packed batch (whose sequences a box could cross). The store is asynchronous, so a consumer
-/// starts its next item while O drains, and it writes whole lines where the accumulator layout
-/// gives each thread two columns of each 8-column tile. Measured on an H200 against register
-/// stores, same call (`bench/results/ab-o-tma/README.md`): causal d128 +9 / +3 / +1 % (n 1k /
-/// 4k / 16k), document +6-12 %, window +3-4 %, BigBird +7-8 %; plain dense d128 gained at n 1k
-/// (+5 %) but lost at 4k (-1.5 %) and 16k (-3 to -8 %, in two of three runs), and d64 moved
-/// within ±1.5 %, so those keep the register stores.
+/// Whether the sm90ws forward can write O by TMA stores (`cp.async.bulk.tensor`) of tiles
+/// staged in shared memory rather than by 4-byte stores from registers, where the staging tiles
+/// fit beside the K/V stages: masked or block-sparse variants above head dim 64, and plain dense
+/// variants at head dims up to 64 (which take it only on short walks, see [`o_tma_max_keys`]);
+/// not fp8 or a packed batch (whose sequences a box could cross). The store is asynchronous, so
+/// a consumer starts its next item while O drains, and it writes whole lines where the
+/// accumulator layout gives each thread two columns of each 8-column tile. Measured on an H200
+/// against register stores, same call (`bench/results/ab-o-tma/README.md`): causal d128
+/// +9 / +3 / +1 % (n 1k / 4k / 16k), document +6-12 %, window +3-4 %, BigBird +7-8 %; masked
+/// d64 within ±1.5 % (register stores kept). Plain dense (`bench/results/ab-shape-defaults/`):
+/// d64 +3 / +2 / +5 % with TMA stores up to 2048 keys, d128 lost 5 % at n 4k with the staging
+/// allocated even where it went unused, so d128 keeps register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
+    let dense = spec.mask.is_none() && spec.sparsity.is_none();
     cfg.family == KernelFamily::Sm90Ws
         && spec.fp8.is_none()
-        && (spec.mask.is_some() || spec.sparsity.is_some())
-        && spec.head_dim_v > 64
+        && (dense == (spec.head_dim_v <= 64))
         && smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES
 }
+
+/// The longest key sequence (`seq_k`) at which a kernel that [`o_by_tma`] stores O by TMA:
+/// every length for masked and block-sparse variants, up to [`DENSE_O_TMA_MAX_KEYS`] for plain
+/// dense ones, whose long walks measured slower with it (see [`o_by_tma`]). The kernel
+/// compares at run time, so one compiled kernel serves every length.
+pub fn o_tma_max_keys(spec: &VariantSpec) -> u32 {
+    if spec.mask.is_none() && spec.sparsity.is_none() {
+        DENSE_O_TMA_MAX_KEYS
+    } else {
+        i32::MAX as u32
+    }
+}
+
+/// Plain dense forwards store O by TMA up to this many keys (16 steps of 128): at d128 TMA stores
+/// measured gains at 1024 keys and losses at 4096 and above; 2048 was not measured.
+pub const DENSE_O_TMA_MAX_KEYS: u32 = 2048;
 
 /// Plans the forward kernel of `spec` with `config`.
 pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {

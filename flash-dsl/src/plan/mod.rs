@@ -44,8 +44,8 @@ pub use operand::{
     Layout, Operand, OperandType, Role, TMA_DESC_BYTES,
 };
 pub use tile::{
-    config_is_valid, default_config, default_config_for, smem_bytes, KernelFamily, PlanError,
-    TileConfig, MAX_SMEM_BYTES,
+    config_is_valid, default_config, default_config_for, default_config_for_launch, smem_bytes,
+    KernelFamily, PlanError, TileConfig, MAX_SMEM_BYTES,
 };
 
 /// What a kernel computes. Each kind has a template folder (`templates/<kind>/`) with one

@@ -807,11 +807,12 @@ fn fp8_forward_plan_and_its_limits() {
 }
 
 /// O leaves the sm90ws forward by TMA stores from staged tiles for masked variants above head
-/// dim 64 where the staging fits: a fourth descriptor, 64-row boxes, the staging in the plan's
-/// shared memory. Plain dense, head dim 64, three stages at 128/128 and fp8 keep register stores.
+/// dim 64 and plain dense ones up to it, where the staging fits: a fourth descriptor, 64-row
+/// boxes, the staging in the plan's shared memory. Plain dense d128, masks at head dim 64, three
+/// stages at 128/128 and fp8 keep register stores.
 #[test]
 fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
-    use crate::plan::forward::{o_by_tma, o_staging_bytes};
+    use crate::plan::forward::{o_by_tma, o_staging_bytes, o_tma_max_keys};
     let ws = |stages| TileConfig {
         family: KernelFamily::Sm90Ws,
         ..cfg(128, 128, 12, stages)
@@ -837,12 +838,17 @@ fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
         .1
         .tma_rows
         .is_none());
-    // Plain dense and head dim 64 keep the register stores.
-    let dense = crate::parse::parse_str("D { head_dim: 128, dtype: bf16 }")
+    // Plain dense at d128 and masks at head dim 64 keep the register stores; plain dense at
+    // head dim 64 stores by TMA, up to 2048 keys (the kernel compares `seq_k`).
+    let mut dense = crate::parse::parse_str("D { head_dim: 128, dtype: bf16 }")
         .unwrap()
         .remove(0);
     assert!(!o_by_tma(&dense, &ws(2)));
     causal.head_dim_qk = 64;
     causal.head_dim_v = 64;
     assert!(!o_by_tma(&causal, &ws(2)));
+    (dense.head_dim_qk, dense.head_dim_v) = (64, 64);
+    assert!(o_by_tma(&dense, &ws(2)));
+    assert_eq!(o_tma_max_keys(&dense), 2048);
+    assert_eq!(o_tma_max_keys(&causal), i32::MAX as u32);
 }

@@ -384,6 +384,57 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
     }
 }
 
+/// The default configuration of a launch over `seq_q` queries: [`default_config_for`], except
+/// that a causal mask alone at head dims up to 64 takes the plain dense kernel's three consumer
+/// warpgroups (192 queries, two stages) from [`WIDE_CAUSAL_MIN_QUERIES`] queries on. Measured on
+/// an H200 (`bench/results/ab-d64wide/explore-*`, and this rule's A/B in
+/// `bench/results/ab-shape-defaults/`): causal d64 +3 % at 4096 queries, +8-12 % at 16384, but
+/// -16 % at 1024, where more of each 192-row diagonal tile is masked and the walks are short.
+/// Other masks (windows, documents) were not measured with it and keep the default.
+///
+/// ```
+/// use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
+/// let spec = flash_dsl::parse::parse_str("C { head_dim: 64, dtype: bf16, mask: causal }")
+///     .unwrap()
+///     .remove(0);
+/// let ws = KernelFamily::Sm90Ws;
+/// assert_eq!(default_config_for_launch(&spec, ws, 1024), default_config_for(&spec, ws));
+/// assert_eq!(default_config_for_launch(&spec, ws, 16384).block_m, 192);
+/// ```
+pub fn default_config_for_launch(
+    spec: &VariantSpec,
+    family: KernelFamily,
+    seq_q: usize,
+) -> TileConfig {
+    let cfg = default_config_for(spec, family);
+    let causal_only = spec.mask.as_ref() == Some(&crate::validate::causal_expr())
+        && spec.score.is_none()
+        && spec.dropout.is_none()
+        && spec.sparsity.is_none()
+        && spec.fp8.is_none();
+    if family == KernelFamily::Sm90Ws
+        && causal_only
+        && spec.head_dim_qk.max(spec.head_dim_v) <= 64
+        && seq_q >= WIDE_CAUSAL_MIN_QUERIES
+    {
+        let wide = TileConfig {
+            block_m: 192,
+            block_n: 128,
+            warps: 16,
+            stages: 2,
+            family,
+        };
+        if config_is_valid(spec, &wide).is_ok() {
+            return wide;
+        }
+    }
+    cfg
+}
+
+/// From this many queries a causal launch at head dims up to 64 takes 192-query tiles (see
+/// [`default_config_for_launch`]).
+pub const WIDE_CAUSAL_MIN_QUERIES: usize = 4096;
+
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {
     let d = spec.head_dim_qk.max(spec.head_dim_v);

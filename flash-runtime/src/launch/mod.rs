@@ -396,9 +396,17 @@ impl Runtime {
             self.forward_split_kv(&kernel, q, k, v, o, lse, params, None)?;
             return Ok(kernel);
         }
-        let kernel = self.load(spec, config)?;
+        let config = config.unwrap_or_else(|| self.launch_config(spec, &ProblemShape::of(q, k)));
+        let kernel = self.load(spec, Some(config))?;
         self.forward(&kernel, q, k, v, o, lse, params)?;
         Ok(kernel)
+    }
+
+    /// The configuration a forward launch of `shape` takes when none is forced or remembered:
+    /// the default of the fastest kernel family this device runs, for that shape
+    /// ([`flash_dsl::plan::default_config_for_launch`]: a few defaults depend on the length).
+    pub fn launch_config(&self, spec: &VariantSpec, shape: &ProblemShape) -> TileConfig {
+        flash_dsl::plan::default_config_for_launch(spec, self.info.default_family, shape.seq_q)
     }
 
     /// Like [`Runtime::forward_spec`] but allocates O (contiguous, 16-bit elements of the

@@ -82,7 +82,8 @@ impl Runtime {
     }
 
     /// Loads `spec` with the remembered configuration for `shape`, else the heuristic default
-    /// (see [`Runtime::load`]; pass a configuration there to force one).
+    /// for that shape ([`Runtime::launch_config`]; pass a configuration to [`Runtime::load`] to
+    /// force one).
     pub fn load_tuned(
         &self,
         spec: &VariantSpec,
@@ -96,7 +97,7 @@ impl Runtime {
                 }
             }
         }
-        self.load(spec, None)
+        self.load(spec, Some(self.launch_config(spec, shape)))
     }
 
     /// Tunes `spec` at `shape` on this GPU (params: the given values, plausible random ones for

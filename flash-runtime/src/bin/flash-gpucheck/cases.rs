@@ -3,7 +3,7 @@
 use flash_dsl::eval::{ParamValues, Sizes};
 use flash_dsl::model::reference::Problem;
 use flash_dsl::plan::splitkv::splitkv_unsupported;
-use flash_dsl::plan::{default_config_for, KernelFamily};
+use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
 use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::{TileConfig, VariantSpec};
 use flash_runtime::launch::contiguous_strides;
@@ -133,6 +133,14 @@ pub fn run_case(
             )
         })
         .collect();
+    // Where a long launch takes another configuration (`default_config_for_launch`), that
+    // kernel is checked here too, at this case's sizes.
+    for &fam in families {
+        let long = default_config_for_launch(spec, fam, usize::MAX);
+        if long != default_config_for(spec, fam) {
+            paths.push((format!("{}-long", fam.tag()), Path::Forward(long)));
+        }
+    }
     // A dropout variant's split-KV kernel serves it at p = 0 and this case's params draw p > 0:
     // the paged decode and chunked-prefill checks run its paged kernels at p = 0; the kernel
     // over contiguous K/V (the same code with another row lookup) is not checked on its own.

@@ -76,7 +76,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use flash_dsl::plan::{default_backward_config_for, default_config_for, KernelFamily};
+use flash_dsl::plan::{
+    default_backward_config_for, default_config_for, default_config_for_launch, KernelFamily,
+};
 use flash_dsl::{DType, TileConfig, VariantSpec};
 use flash_runtime::Runtime;
 
@@ -113,9 +115,14 @@ fn check(
     let mut uniq: Vec<(VariantSpec, Option<TileConfig>)> = Vec::new();
     for (s, _) in &cases {
         for &f in families {
-            let k = (s.clone(), Some(default_config_for(s, f)));
-            if !uniq.contains(&k) {
-                uniq.push(k);
+            for c in [
+                default_config_for(s, f),
+                default_config_for_launch(s, f, usize::MAX),
+            ] {
+                let k = (s.clone(), Some(c));
+                if !uniq.contains(&k) {
+                    uniq.push(k);
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use flash_dsl::eval::{ParamValue, ParamValues};
 use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::{DType, VariantSpec};
 use flash_runtime::cudarc::driver::CudaSlice;
-use flash_runtime::{FlashError, KernelCache, LseMut, Runtime, TensorMut, TensorRef};
+use flash_runtime::{FlashError, KernelCache, LseMut, ProblemShape, Runtime, TensorMut, TensorRef};
 use serde_json::{json, Value};
 
 use crate::device::{param_args, upload_params};
@@ -156,7 +156,14 @@ fn time_one(
     n: usize,
     h: usize,
 ) -> Result<f32, FlashError> {
-    let kernel = rt.load(spec, None)?;
+    let launch = ProblemShape {
+        batch: b,
+        seq_q: n,
+        seq_k: n,
+        heads_q: h,
+        heads_kv: h,
+    };
+    let kernel = rt.load(spec, Some(rt.launch_config(spec, &launch)))?;
     let d = spec.head_dim_qk as usize;
     let shape = [b, n, h, d];
     let st = rt.stream();
