@@ -156,6 +156,17 @@ impl Fp8Format {
     }
 }
 
+/// What an fp8 variant declares: the codes' format (`dtype: e4m3`) and the grouping of Q's, K's
+/// and V's scales (`scales: per_block(128)`, the default, `per_head` or `per_tensor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Fp8Spec {
+    /// The format of Q's, K's and V's codes.
+    pub format: Fp8Format,
+    /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for
+    /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s.
+    pub scaling: Scaling,
+}
+
 /// How a tensor's elements are grouped under one scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Scaling {

@@ -407,12 +407,12 @@ pub struct VariantSpec {
     /// A declared block-sparse layout, ANDed with the mask; `None` means none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sparsity: Option<Sparsity>,
-    /// `dtype: e4m3`: Q, K and V arrive as fp8 codes with one f32 scale per block of
-    /// [`FP8_SCALE_BLOCK`] positions of each (batch, head) (see `crate::fp8`), V transposed for
-    /// the second product; `dtype` is then the output's type (bf16). `None`: Q, K, V, O all in
-    /// `dtype`.
+    /// `dtype: e4m3`: Q, K and V arrive as fp8 codes with f32 scales grouped as `scales:`
+    /// declares (default: one per block of [`FP8_SCALE_BLOCK`] positions of each (batch, head);
+    /// see `crate::fp8`), V transposed for the second product; `dtype` is then the output's type
+    /// (bf16). `None`: Q, K, V, O all in `dtype`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fp8: Option<crate::fp8::Fp8Format>,
+    pub fp8: Option<crate::fp8::Fp8Spec>,
 }
 
 /// Positions per scale block of an fp8 variant's Q, K and V: one block is one tile of the

@@ -274,19 +274,25 @@ fn varlen_kernels_compile_without_spills() {
     assert!(spilled.is_empty(), "packed kernels spill: {spilled:?}");
 }
 
-/// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, blocks of
-/// 64 and 128 rows; plain, rotated, and transposed for P·V) compile for sm_90a without spills.
+/// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, scales per
+/// block of 64 and 128 rows, and per head and per tensor with their first (amax) passes; plain,
+/// rotated, and transposed for P·V) compile for sm_90a without spills.
 #[test]
 fn quantisation_kernels_compile_without_spills() {
     use flash_dsl::fp8::Fp8Format;
-    use flash_dsl::plan::quantize::{plan_quantize, QuantSpec};
+    use flash_dsl::plan::quantize::{plan_quantize, QuantSpec, ScaleGroup};
     if !common::have_nvrtc("quantisation_kernels_compile_without_spills") {
         return;
     }
     let mut jobs = vec![];
     for input in [DType::Bf16, DType::F16] {
         for head_dim in [64, 128, 256] {
-            for block_rows in [64, 128] {
+            for (block_rows, group) in [
+                (64, ScaleGroup::Block),
+                (128, ScaleGroup::Block),
+                (128, ScaleGroup::Head),
+                (128, ScaleGroup::Tensor),
+            ] {
                 for (hadamard, transpose) in
                     [(false, false), (true, false), (false, true), (true, true)]
                 {
@@ -297,8 +303,13 @@ fn quantisation_kernels_compile_without_spills() {
                         block_rows,
                         hadamard,
                         transpose,
+                        group,
+                        amax_pass: false,
                     };
                     jobs.push(plan_quantize(&q).unwrap());
+                    if let Some(first) = q.amax_pass().filter(|_| !transpose) {
+                        jobs.push(plan_quantize(&first).unwrap());
+                    }
                 }
             }
         }

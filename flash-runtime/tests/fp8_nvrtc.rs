@@ -1,6 +1,7 @@
-//! The fp8 forward (`dtype: e4m3`) of a dense, a masked, a score-hook and a parameterised
-//! variant, in both schedules (two and three stages), compiled by NVRTC for sm_90a: no spills, and no wgmma serialised by ptxas (advisory
-//! C7520). Needs NVRTC, not a GPU; the GPU check (`flash-gpucheck --fp8-only`) runs them.
+//! The fp8 forward (`dtype: e4m3`) of dense, masked (a block-map document mask included),
+//! score-hook and parameterised variants, with scales per block, per head and per tensor, in both
+//! schedules (two and three stages), compiled by NVRTC for sm_90a: no spills, and no wgmma
+//! serialised by ptxas (advisory C7520). Needs NVRTC, not a GPU; the GPU check (`flash-gpucheck --fp8-only`) runs them.
 
 mod common;
 
@@ -16,7 +17,7 @@ fn fp8_forward_kernels_compile_without_spills() {
         return;
     }
     let specs = flash_dsl::parse::parse_str(SOURCE).unwrap();
-    assert_eq!(specs.len(), 5);
+    assert_eq!(specs.len(), 8);
     for spec in specs {
         // Both schedules: in series (two stages) and overlapped (three).
         let d = default_config_for(&spec, KernelFamily::Sm90Ws);

@@ -187,12 +187,20 @@ struct Context {
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
     quant_hadamard: bool,
     quant_transpose: bool,
+    /// The quantiser's scale group (`plan::quantize::ScaleGroup`: 0 block, 1 head, 2 tensor),
+    /// whether this is the first (amax) pass, and whether it reads the first pass's amaxes.
+    quant_group: u32,
+    quant_amax_pass: bool,
+    quant_reads_amax: bool,
     quant_type: String,
     quant_max: String,
     quant_norm: String,
     /// Q, K and V are fp8 codes with block scales (`VariantSpec::fp8`); the PTX type.
     fp8: bool,
     fp8_type: String,
+    /// How an fp8 variant's scales are grouped: 0 per block of 128 positions, 1 per (batch,
+    /// head), 2 per tensor.
+    fp8_scale_unit: u32,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -428,6 +436,11 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         per_seq: paged || varlen,
         quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
         quant_transpose: plan.quant.is_some_and(|q| q.transpose),
+        quant_group: plan.quant.map_or(0, |q| q.group as u32),
+        quant_amax_pass: plan.quant.is_some_and(|q| q.amax_pass),
+        quant_reads_amax: plan
+            .quant
+            .is_some_and(|q| !q.amax_pass && q.group != crate::plan::quantize::ScaleGroup::Block),
         quant_type: plan
             .quant
             .map(|q| q.format.name().to_string())
@@ -441,10 +454,18 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .map(|q| format!("{:e}", q.hadamard_norm()))
             .unwrap_or_default(),
         fp8: spec.fp8.is_some(),
-        fp8_type: spec.fp8.map(|f| f.name().to_string()).unwrap_or_default(),
+        fp8_type: spec
+            .fp8
+            .map(|f| f.format.name().to_string())
+            .unwrap_or_default(),
+        fp8_scale_unit: match spec.fp8.map(|f| f.scaling) {
+            Some(crate::fp8::Scaling::PerTensor) => 2,
+            Some(crate::fp8::Scaling::PerHead) => 1,
+            _ => 0,
+        },
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
-            .map(|w| wgmma::wgmma_def(w, spec.fp8.map_or(mma_type, |f| f.name())))
+            .map(|w| wgmma::wgmma_def(w, spec.fp8.map_or(mma_type, |f| f.format.name())))
             .collect::<Vec<_>>()
             .join("\n"),
     };

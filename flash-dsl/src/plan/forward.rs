@@ -57,8 +57,8 @@ pub fn attention_scalars(spec: &VariantSpec) -> Vec<ArgField> {
 ///
 /// An fp8 variant (`dtype: e4m3`, see [`fp8_operands`]) reads codes and scales instead.
 pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
-    if let Some(format) = spec.fp8 {
-        return fp8_operands(spec, cfg, format);
+    if let Some(f) = spec.fp8 {
+        return fp8_operands(spec, cfg, f);
     }
     let elem = OperandType::Storage(spec.dtype);
     let tma = cfg.family == KernelFamily::Sm90Ws;
@@ -109,16 +109,17 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// each), V's codes transposed for the second product — a `[batch, 128, heads_kv, seq_padded]`
 /// view (strided) of the quantiser's `[batch, heads_kv, 128, seq_padded]` output, keys in
 /// `crate::fp8::mma_key_order` within each group of 32, `seq_padded` whole scale blocks — then O
-/// (the output dtype) and the LSE as usual, then one f32 scale per block of 128 positions of
-/// each (batch, head) of Q, K and V (contiguous `[batch, heads, blocks]`: a code times its
-/// block's scale is the value). All three are loaded by TMA: Q and K in 128-byte rows (a row is
+/// (the output dtype) and the LSE as usual, then the f32 scales of Q, K and V, contiguous, as
+/// the variant's `scales:` groups them: `[batch, heads, blocks]` (one per block of 128
+/// positions of each (batch, head), the default), `[batch, heads]` (`per_head`) or one value
+/// (`per_tensor`); a code times its group's scale is the value. All three are loaded by TMA: Q and K in 128-byte rows (a row is
 /// a head dim of 128), V in boxes of 128 keys × 128 rows.
 pub fn fp8_operands(
     spec: &VariantSpec,
     cfg: &TileConfig,
-    format: crate::fp8::Fp8Format,
+    fp8: crate::fp8::Fp8Spec,
 ) -> Vec<Operand> {
-    let codes = OperandType::Fp8(format);
+    let codes = OperandType::Fp8(fp8.format);
     let mut q = Operand::new(
         "q",
         Role::Input,
@@ -144,11 +145,16 @@ pub fn fp8_operands(
     k.tma_rows = Some(cfg.block_n);
     v.tma_rows = Some(spec.head_dim_v);
     let scales = |name: &str, heads: Extent, blocks: Extent| {
+        let dims: &[Extent] = match fp8.scaling {
+            crate::fp8::Scaling::PerBlock { .. } => &[Batch, heads, blocks],
+            crate::fp8::Scaling::PerHead => &[Batch, heads],
+            crate::fp8::Scaling::PerTensor => &[],
+        };
         Operand::new(
             name,
             Role::Input,
             OperandType::F32,
-            &[Batch, heads, blocks],
+            dims,
             Layout::Contiguous,
         )
     };
@@ -196,9 +202,14 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// allocated even where it went unused, so d128 keeps register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let dense = spec.mask.is_none() && spec.sparsity.is_none();
+    let wanted = if dense {
+        spec.head_dim_qk.max(spec.head_dim_v) <= 64
+    } else {
+        spec.head_dim_v > 64
+    };
     cfg.family == KernelFamily::Sm90Ws
         && spec.fp8.is_none()
-        && (dense == (spec.head_dim_v <= 64))
+        && wanted
         && smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES
 }
 

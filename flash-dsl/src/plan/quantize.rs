@@ -42,14 +42,51 @@ pub struct QuantSpec {
     /// (keys contiguous, in the order the probabilities sit in the first product's registers).
     #[serde(default)]
     pub transpose: bool,
+    /// What one scale covers: a block of `block_rows` positions of one (batch, head) (the
+    /// default), one (batch, head), or the whole tensor. The last two take two passes: the
+    /// kernel with [`QuantSpec::amax_pass`] writes every block's largest magnitude into a scratch
+    /// `[batch, heads, blocks]` tensor, then the encoding kernel reduces its group's entries.
+    #[serde(default)]
+    pub group: ScaleGroup,
+    /// The first pass of a per-head or per-tensor quantisation (see [`QuantSpec::group`]): block
+    /// amaxes only, no codes and no scales.
+    #[serde(default)]
+    pub amax_pass: bool,
+}
+
+/// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum ScaleGroup {
+    /// A block of `block_rows` positions of one (batch, head).
+    #[default]
+    Block,
+    /// One (batch, head).
+    Head,
+    /// The whole tensor.
+    Tensor,
+}
+
+impl ScaleGroup {
+    /// The group of a host-side scaling (a block's rows are the kernel's `block_rows`).
+    pub fn of(s: crate::fp8::Scaling) -> ScaleGroup {
+        match s {
+            crate::fp8::Scaling::PerBlock { .. } => ScaleGroup::Block,
+            crate::fp8::Scaling::PerHead => ScaleGroup::Head,
+            crate::fp8::Scaling::PerTensor => ScaleGroup::Tensor,
+        }
+    }
 }
 
 /// The input tensor.
 pub const X_OPERAND: &str = "x";
 /// The fp8 codes written.
 pub const CODES_OPERAND: &str = "codes";
-/// The scales written, `[batch, heads, scale_blocks]` f32.
+/// The scales written: `[batch, heads, scale_blocks]`, `[batch, heads]` or one f32, by
+/// [`QuantSpec::group`].
 pub const SCALES_OPERAND: &str = "scales";
+/// The block amaxes of a two-pass quantisation, `[batch, heads, scale_blocks]` f32: written by
+/// the first pass, read by the second.
+pub const AMAX_OPERAND: &str = "amax";
 /// The rotation's signs, `[head_dim]` f32 (±1), with `hadamard`.
 pub const SIGNS_OPERAND: &str = "signs";
 
@@ -71,6 +108,11 @@ impl QuantSpec {
                 self.head_dim
             ));
         }
+        if self.amax_pass && self.group == ScaleGroup::Block {
+            return Err(
+                "the amax pass belongs to per-head and per-tensor scales; per-block scales take one pass".into(),
+            );
+        }
         if self.hadamard && !self.head_dim.is_power_of_two() {
             return Err(format!(
                 "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got {}",
@@ -85,16 +127,34 @@ impl QuantSpec {
         self.block_rows * self.head_dim * 4
     }
 
-    /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had`.
+    /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had` (`_t` transposed,
+    /// `_head` / `_tensor` for those groups, `_amax` for their first pass).
     pub fn kernel_name(&self) -> String {
         format!(
-            "flash_quant_{}_{}_d{}_r{}{}",
+            "flash_quant_{}_{}_d{}_r{}{}{}{}{}",
             self.format.name(),
             self.input.name(),
             self.head_dim,
             self.block_rows,
             if self.hadamard { "_had" } else { "" },
-        ) + if self.transpose { "_t" } else { "" }
+            if self.transpose { "_t" } else { "" },
+            match self.group {
+                ScaleGroup::Block => "",
+                ScaleGroup::Head => "_head",
+                ScaleGroup::Tensor => "_tensor",
+            },
+            if self.amax_pass { "_amax" } else { "" },
+        )
+    }
+
+    /// The first pass of this (per-head or per-tensor) quantisation; `None` for per-block
+    /// scales, which take one.
+    pub fn amax_pass(&self) -> Option<QuantSpec> {
+        (self.group != ScaleGroup::Block && !self.amax_pass).then_some(QuantSpec {
+            amax_pass: true,
+            transpose: false,
+            ..*self
+        })
     }
 
     /// The f32 normalisation of the rotation, `1/√d` rounded to f32 (the host model uses the
@@ -118,6 +178,8 @@ impl QuantSpec {
 ///     block_rows: 128,
 ///     hadamard: true,
 ///     transpose: false,
+///     group: Default::default(),
+///     amax_pass: false,
 /// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
@@ -127,6 +189,17 @@ impl QuantSpec {
 ///
 /// // The rotation needs a power-of-two head dim.
 /// assert!(plan_quantize(&QuantSpec { head_dim: 96, ..q }).is_err());
+///
+/// // One scale per head: a first pass writes the block amaxes, the second reads them.
+/// use flash_dsl::plan::quantize::ScaleGroup;
+/// let head = QuantSpec { group: ScaleGroup::Head, ..q };
+/// let first = plan_quantize(&head.amax_pass().unwrap()).unwrap();
+/// let names: Vec<&str> = first.operands.iter().map(|o| o.name.as_str()).collect();
+/// assert_eq!(names, ["x", "signs", "amax"]);
+/// let second = plan_quantize(&head).unwrap();
+/// let names: Vec<&str> = second.operands.iter().map(|o| o.name.as_str()).collect();
+/// assert_eq!(names, ["x", "codes", "scales", "signs", "amax"]);
+/// assert_eq!(second.operands[2].dims.len(), 2);
 /// ```
 pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     q.check().map_err(PlanError::Quantize)?;
@@ -140,12 +213,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     // The argument machinery (and the runtime's kernel memo) is keyed by a variant; the
     // quantiser's stands for its input and names what else differs.
     let spec = VariantSpec {
-        name: format!(
-            "quantize_{}{}{}",
-            q.format.name(),
-            if q.hadamard { "_had" } else { "" },
-            if q.transpose { "_t" } else { "" }
-        ),
+        name: q.kernel_name().replacen("flash_quant", "quantize", 1),
         doc: String::new(),
         head_dim_qk: q.head_dim,
         head_dim_v: q.head_dim,
@@ -158,15 +226,25 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         sparsity: None,
         fp8: None,
     };
-    let mut operands = vec![
+    let x = Operand::new(
+        X_OPERAND,
+        Role::Input,
+        OperandType::Storage(q.input),
+        &[Batch, SeqQ, HeadsQ, HeadDimQk],
+        Layout::Strided,
+    );
+    let amax = |role| {
         Operand::new(
-            X_OPERAND,
-            Role::Input,
-            OperandType::Storage(q.input),
-            &[Batch, SeqQ, HeadsQ, HeadDimQk],
-            Layout::Strided,
-        ),
-        Operand::new(
+            AMAX_OPERAND,
+            role,
+            OperandType::F32,
+            &[Batch, HeadsQ, ScaleBlocks],
+            Layout::Contiguous,
+        )
+    };
+    let mut operands = vec![x];
+    if !q.amax_pass {
+        operands.push(Operand::new(
             CODES_OPERAND,
             Role::Output,
             OperandType::Fp8(q.format),
@@ -176,15 +254,19 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
                 &[Batch, SeqQ, HeadsQ, HeadDimQk]
             },
             Layout::Contiguous,
-        ),
-        Operand::new(
+        ));
+        operands.push(Operand::new(
             SCALES_OPERAND,
             Role::Output,
             OperandType::F32,
-            &[Batch, HeadsQ, ScaleBlocks],
+            match q.group {
+                ScaleGroup::Block => &[Batch, HeadsQ, ScaleBlocks],
+                ScaleGroup::Head => &[Batch, HeadsQ],
+                ScaleGroup::Tensor => &[],
+            },
             Layout::Contiguous,
-        ),
-    ];
+        ));
+    }
     if q.hadamard {
         operands.push(Operand::new(
             SIGNS_OPERAND,
@@ -193,6 +275,11 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             &[HeadDimQk],
             Layout::Contiguous,
         ));
+    }
+    if q.amax_pass {
+        operands.push(amax(Role::Output));
+    } else if q.group != ScaleGroup::Block {
+        operands.push(amax(Role::Input));
     }
     let mut scalars = vec![
         ArgField::Size(Batch),

@@ -38,7 +38,7 @@ pub const MAX_ATTR_TOKENS: usize = 256;
 pub const MAX_IDENT_LEN: usize = 64;
 
 /// The keys whose values are parsed as expressions (the parser's list).
-const EXPR_KEYS: &[&str] = &["scale", "mask", "score", "dropout", "sparsity"];
+const EXPR_KEYS: &[&str] = &["scale", "mask", "score", "dropout", "sparsity", "scales"];
 
 /// Checks a whole body before syn parses any of it: the number of declarations (top-level
 /// brace groups), the nesting, and the size of every attribute and expression value. Returns

@@ -96,6 +96,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut score_ast = None;
     let mut dropout_ast = None;
     let mut sparsity_ast = None;
+    let mut scales_ast = None;
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
     let mut fp8 = None;
@@ -135,6 +136,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("score", Value::Expr(e)) => score_ast = Some(e),
             ("dropout", Value::Expr(e)) => dropout_ast = Some(e),
             ("sparsity", Value::Expr(e)) => sparsity_ast = Some(e),
+            ("scales", Value::Expr(e)) => scales_ast = Some(e),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -270,6 +272,22 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     }
 
     let sparsity = sparsity_ast.and_then(|sv| check_sparsity(sv, &params, &mut errs));
+    let scaling = match scales_ast {
+        Some(sv) if fp8.is_none() && dtype_ok => {
+            errs.push(Report::spanned(
+                &sv.tokens,
+                "`scales` groups the scales of fp8 inputs; it needs `dtype: e4m3`",
+            ));
+            None
+        }
+        Some(sv) => check_scales(sv, &mut errs),
+        None => Some(crate::fp8::Scaling::PerBlock {
+            rows: crate::spec::FP8_SCALE_BLOCK as usize,
+        }),
+    };
+    let fp8 = fp8
+        .zip(scaling)
+        .map(|(format, scaling)| crate::fp8::Fp8Spec { format, scaling });
 
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);
@@ -291,6 +309,51 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         sparsity,
         fp8,
     })
+}
+
+/// `scales: per_block(128) | per_head | per_tensor`: how an fp8 variant's scales are grouped. A
+/// block is one tile of the kernel (128 queries or keys), so 128 is the only block size.
+fn check_scales(sv: &crate::ast::ExprValue, errs: &mut Vec<Report>) -> Option<crate::fp8::Scaling> {
+    use crate::fp8::Scaling;
+    let usage = "scales are `per_block(128)` (one per 128 positions of each batch and head, the default), `per_head` or `per_tensor`";
+    let block = crate::spec::FP8_SCALE_BLOCK as usize;
+    let scaling = match &sv.expr {
+        syn::Expr::Path(p) => match p.path.get_ident().map(|i| i.to_string()).as_deref() {
+            Some("per_head") => Some(Scaling::PerHead),
+            Some("per_tensor") => Some(Scaling::PerTensor),
+            Some("per_block") => Some(Scaling::PerBlock { rows: block }),
+            _ => None,
+        },
+        syn::Expr::Call(c) => {
+            let is_block = matches!(&*c.func, syn::Expr::Path(p) if p.path.is_ident("per_block"));
+            match (is_block, c.args.first(), c.args.len()) {
+                (
+                    true,
+                    Some(syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(n),
+                        ..
+                    })),
+                    1,
+                ) => match n.base10_parse::<usize>() {
+                    Ok(rows) if rows == block => Some(Scaling::PerBlock { rows }),
+                    Ok(rows) => {
+                        errs.push(Report::spanned(
+                            &sv.tokens,
+                            format!("a scale block is one tile of the fp8 kernel, {block} positions; got {rows}"),
+                        ));
+                        return None;
+                    }
+                    Err(_) => None,
+                },
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    if scaling.is_none() {
+        errs.push(Report::spanned(&sv.tokens, usage));
+    }
+    scaling
 }
 
 /// Block sizes must be whole numbers of the kernels' tiles (128 positions), so that a tile never

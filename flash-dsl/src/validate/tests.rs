@@ -321,7 +321,43 @@ fn diagnostics() {
     );
     // `e4m3`: fp8 inputs, a bf16 output.
     let v = parse_str("V { head_dim: 128, dtype: e4m3, mask: causal }").unwrap();
-    assert_eq!(v[0].fp8, Some(crate::fp8::Fp8Format::E4m3));
+    use crate::fp8::{Fp8Format, Fp8Spec, Scaling};
+    let fp8 = |scaling| {
+        Some(Fp8Spec {
+            format: Fp8Format::E4m3,
+            scaling,
+        })
+    };
+    // Scales per block of 128 positions unless `scales:` says otherwise.
+    assert_eq!(v[0].fp8, fp8(Scaling::PerBlock { rows: 128 }));
+    for (text, want) in [
+        ("per_block(128)", Scaling::PerBlock { rows: 128 }),
+        ("per_block", Scaling::PerBlock { rows: 128 }),
+        ("per_head", Scaling::PerHead),
+        ("per_tensor", Scaling::PerTensor),
+    ] {
+        let v = parse_str(&format!(
+            "V {{ head_dim: 128, dtype: e4m3, scales: {text} }}"
+        ))
+        .unwrap();
+        assert_eq!(v[0].fp8, fp8(want), "{text}");
+    }
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, scales: per_block(64) }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "a scale block is one tile of the fp8 kernel, 128 positions; got 64"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, scales: per_row }").unwrap_err();
+    assert!(
+        errs[0].message.starts_with("scales are `per_block(128)`"),
+        "{}",
+        errs[0].message
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: bf16, scales: per_head }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`scales` groups the scales of fp8 inputs; it needs `dtype: e4m3`"
+    );
     assert_eq!(v[0].dtype, crate::spec::DType::Bf16);
     let errs = parse_str("V { head_dim: (192, 264), dtype: f16 }").unwrap_err();
     assert_eq!(

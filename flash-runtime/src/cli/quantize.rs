@@ -2,13 +2,15 @@
 //!
 //! ```text
 //! flash quantize --x X.npy --codes CODES.npy --scales SCALES.npy [--dtype bf16|f16]
-//!                [--block-rows 64|128] [--hadamard-seed N] [--transpose] [--gpu N]
+//!                [--block-rows 64|128] [--per block|head|tensor] [--hadamard-seed N]
+//!                [--transpose] [--gpu N]
 //! ```
 //!
 //! X is `[batch, seq, heads, d]` (any float `.npy`, rounded to `--dtype` first, as `flash run`
 //! rounds its inputs). CODES are the e4m3 codes as `uint8` (`[batch, seq, heads, d]`, or with
 //! `--transpose` `[batch, heads, d, seq_padded]` in the key order an fp8 P·V product reads), and
-//! SCALES the f32 scales `[batch, heads, ceil(seq / block_rows)]`: `x ≈ e4m3(code) · scale`.
+//! SCALES the f32 scales `[batch, heads, ceil(seq / block_rows)]` (`--per block`, the default),
+//! `[batch, heads]` (`--per head`) or `[1]` (`--per tensor`): `x ≈ e4m3(code) · scale`.
 //! `--hadamard-seed N` rotates every row by the random Hadamard matrix of `flash_dsl::fp8`
 //! (`random_signs(d, N)`) first; rotate Q and K with the same seed. The arguments and the input
 //! are checked before the GPU is touched.
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use flash_dsl::fp8::{random_signs, Fp8Format};
-use flash_dsl::plan::quantize::QuantSpec;
+use flash_dsl::plan::quantize::{QuantSpec, ScaleGroup};
 use flash_dsl::DType;
 
 use crate::error::FlashError;
@@ -43,6 +45,10 @@ pub struct QuantizeArgs {
     /// Positions per scale block: 64 or 128.
     #[arg(long, default_value_t = 128)]
     pub block_rows: u32,
+    /// What one scale covers: `block` (block-rows positions of one batch and head), `head` or
+    /// `tensor` — as a variant's `scales: per_block(128)`, `per_head`, `per_tensor`.
+    #[arg(long, default_value = "block")]
+    pub per: String,
     /// Rotate every row by the random Hadamard matrix with this seed first.
     #[arg(long)]
     pub hadamard_seed: Option<u64>,
@@ -69,6 +75,16 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
             )))
         }
     };
+    let group = match a.per.as_str() {
+        "block" => ScaleGroup::Block,
+        "head" => ScaleGroup::Head,
+        "tensor" => ScaleGroup::Tensor,
+        other => {
+            return Err(invalid(format!(
+                "--per is block, head or tensor (what one scale covers); got `{other}`"
+            )))
+        }
+    };
     let x = NpyArray::read(&a.x)?;
     let shape: [usize; 4] = x.shape.as_slice().try_into().map_err(|_| {
         invalid(format!(
@@ -83,10 +99,18 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         block_rows: a.block_rows,
         hadamard: a.hadamard_seed.is_some(),
         transpose: a.transpose,
+        group,
+        amax_pass: false,
     };
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;
     let blocks = s.div_ceil(a.block_rows as usize);
+    let scale_shape = match group {
+        ScaleGroup::Block => vec![b, h, blocks],
+        ScaleGroup::Head => vec![b, h],
+        ScaleGroup::Tensor => vec![1],
+    };
+    let n_scales: usize = scale_shape.iter().product();
     let n_codes = if a.transpose {
         b * h * d * blocks * a.block_rows as usize
     } else {
@@ -103,7 +127,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         .alloc_zeros::<u8>(n_codes.max(1))
         .map_err(drv("allocating the codes"))?;
     let mut scales = st
-        .alloc_zeros::<f32>((b * h * blocks).max(1))
+        .alloc_zeros::<f32>(n_scales.max(1))
         .map_err(drv("allocating the scales"))?;
     let signs: Vec<f32> = random_signs(d, a.hadamard_seed.unwrap_or(0))
         .iter()
@@ -127,14 +151,14 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
     let mut sc = st
         .clone_dtoh(&scales)
         .map_err(drv("copying the scales back"))?;
-    sc.truncate(b * h * blocks);
+    sc.truncate(n_scales);
     let code_shape = if a.transpose {
         vec![b, h, d, blocks * a.block_rows as usize]
     } else {
         shape.to_vec()
     };
     NpyArray::new(code_shape, NpyData::U8(c))?.write(&a.codes)?;
-    NpyArray::new(vec![b, h, blocks], NpyData::F32(sc))?.write(&a.scales)?;
+    NpyArray::new(scale_shape, NpyData::F32(sc))?.write(&a.scales)?;
     eprintln!(
         "quantised {shape:?} with {} on {}",
         kernel.plan.kernel_name,

@@ -19,17 +19,19 @@ use crate::variant::ParamArg;
 pub struct Fp8Inputs<'a> {
     /// Q codes `[batch, seq_q, heads_q, 128]` (strided, one byte each).
     pub q: TensorRef<'a>,
-    /// Q's scales, `[batch, heads_q, ceil(seq_q / 128)]` f32, contiguous.
+    /// Q's scales, f32, contiguous, grouped as the variant's `scales:` declares: `[batch,
+    /// heads_q, ceil(seq_q / 128)]` (`per_block(128)`, the default), `[batch, heads_q]`
+    /// (`per_head`) or one value (`per_tensor`).
     pub q_scale: &'a CudaSlice<f32>,
     /// K codes `[batch, seq_k, heads_kv, 128]` (strided).
     pub k: TensorRef<'a>,
-    /// K's scales, `[batch, heads_kv, ceil(seq_k / 128)]` f32, contiguous.
+    /// K's scales, grouped as Q's (`[batch, heads_kv, ceil(seq_k / 128)]` per block).
     pub k_scale: &'a CudaSlice<f32>,
     /// V's codes transposed, `[batch, heads_kv, 128, seq_padded]` contiguous with `seq_padded =
     /// ceil(seq_k / 128) · 128` and the keys of each group of 32 in
     /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly this).
     pub v_t: &'a CudaSlice<u8>,
-    /// V's scales, `[batch, heads_kv, ceil(seq_k / 128)]` f32, contiguous.
+    /// V's scales, grouped as Q's.
     pub v_scale: &'a CudaSlice<f32>,
 }
 

@@ -1,5 +1,6 @@
-//! FP8 block quantisation on the GPU (see `flash_dsl::plan::quantize`): a bf16/f16 tensor into
-//! fp8 codes and one f32 scale per block of rows of each (batch, head), optionally rotated first.
+//! FP8 quantisation on the GPU (see `flash_dsl::plan::quantize`): a bf16/f16 tensor into fp8
+//! codes and f32 scales — one per block of rows of each (batch, head), per (batch, head), or per
+//! tensor — optionally rotated first.
 //! Usable alone (to fill an fp8 KV cache, or to check the kernel against `flash_dsl::fp8`).
 
 use std::sync::Arc;
@@ -12,6 +13,10 @@ use super::tensor::{self, ElemType, OperandArg, TensorRef};
 use super::{LoadedKernel, Runtime};
 use crate::error::FlashError;
 use crate::prepared::PreparedLaunch;
+
+/// The first pass of a per-head or per-tensor quantisation: its kernel and the block-amax
+/// scratch it fills.
+type AmaxPass = (Arc<LoadedKernel>, CudaSlice<f32>);
 
 impl Runtime {
     /// Loads (memoised) the quantisation kernel of `q`. Errors: the plan's rules (block rows,
@@ -30,10 +35,12 @@ impl Runtime {
 
     /// Quantises `x` (`[batch, seq, heads, d]`, strided, the kernel's input dtype) into `codes`
     /// (the same shape, row-major, one byte each; for a transposing kernel `[batch, heads, d,
-    /// blocks · block_rows]` in `flash_dsl::fp8::mma_key_order`) and `scales` (`[batch, heads,
-    /// blocks]` f32, `blocks = ceil(seq / block_rows)`), through `kernel` from [`Runtime::load_quantize`]; `signs` (`[d]`, ±1)
-    /// is the rotation's diagonal when the kernel rotates. Checked like every launch (shapes,
-    /// strides, buffer lengths, devices); asynchronous.
+    /// blocks · block_rows]` in `flash_dsl::fp8::mma_key_order`) and `scales` (f32: `[batch,
+    /// heads, blocks]` with `blocks = ceil(seq / block_rows)`, `[batch, heads]` for per-head
+    /// scales, one value for per-tensor ones), through `kernel` from [`Runtime::load_quantize`];
+    /// `signs` (`[d]`, ±1) is the rotation's diagonal when the kernel rotates. Per-head and
+    /// per-tensor scales take two launches (block amaxes into scratch, then the codes). Checked
+    /// like every launch (shapes, strides, buffer lengths, devices); asynchronous.
     pub fn quantize(
         &self,
         kernel: &LoadedKernel,
@@ -42,12 +49,16 @@ impl Runtime {
         codes: &mut CudaSlice<u8>,
         scales: &mut CudaSlice<f32>,
     ) -> Result<(), FlashError> {
-        let launch = self.prepare_quantize(kernel, x, signs, codes, scales)?;
-        self.launch_checked(&launch)
+        let mut first = self.amax_pass_of(kernel, x)?;
+        let launches = self.prepare_quantize(kernel, &mut first, x, signs, codes, scales)?;
+        for l in &launches {
+            self.launch_checked(l)?;
+        }
+        Ok(())
     }
 
-    /// Median milliseconds of one [`Runtime::quantize`] launch, timed with CUDA events after
-    /// `warmup` untimed launches (the arguments are checked once).
+    /// Median milliseconds of one [`Runtime::quantize`] (both launches of a two-pass one),
+    /// timed with CUDA events after `warmup` untimed runs (the arguments are checked once).
     pub fn time_quantize(
         &self,
         kernel: &LoadedKernel,
@@ -57,24 +68,49 @@ impl Runtime {
         scales: &mut CudaSlice<f32>,
         (warmup, iters): (usize, usize),
     ) -> Result<f32, FlashError> {
-        let launch = self.prepare_quantize(kernel, x, signs, codes, scales)?;
-        self.time_launches(std::slice::from_ref(&launch), warmup, iters, None)
+        let mut first = self.amax_pass_of(kernel, x)?;
+        let launches = self.prepare_quantize(kernel, &mut first, x, signs, codes, scales)?;
+        self.time_launches(&launches, warmup, iters, None)
+    }
+
+    /// The first-pass kernel and its block-amax scratch (`[batch, heads, blocks]`, written in
+    /// full by that pass before the second reads it) where `kernel` scales per head or tensor.
+    fn amax_pass_of(
+        &self,
+        kernel: &LoadedKernel,
+        x: &TensorRef<'_>,
+    ) -> Result<Option<AmaxPass>, FlashError> {
+        let Some(first) = kernel.plan.quant.and_then(|q| q.amax_pass()) else {
+            return Ok(None);
+        };
+        let [b, s, h, _] = x.desc.shape;
+        let n = (b * h * s.div_ceil(first.block_rows as usize)).max(1);
+        let scratch = crate::ffi::alloc_scratch_f32(self.stream(), n)
+            .map_err(|e| super::driver("allocating the block amaxes", e))?;
+        Ok(Some((self.load_quantize(&first)?, scratch)))
     }
 
     fn prepare_quantize<'a>(
         &'a self,
         kernel: &'a LoadedKernel,
+        first: &'a mut Option<AmaxPass>,
         x: &TensorRef<'_>,
         signs: Option<&CudaSlice<f32>>,
         codes: &mut CudaSlice<u8>,
         scales: &mut CudaSlice<f32>,
-    ) -> Result<PreparedLaunch<'a>, FlashError> {
+    ) -> Result<Vec<PreparedLaunch<'a>>, FlashError> {
         let q = kernel.plan.quant.ok_or_else(|| {
             super::check::invalid(format!(
                 "kernel `{}` is not a quantisation kernel; load it with Runtime::load_quantize",
                 kernel.plan.kernel_name
             ))
         })?;
+        if q.amax_pass {
+            return Err(super::check::invalid(format!(
+                "kernel `{}` is the first pass of a two-pass quantisation; pass the kernel of the quantisation itself",
+                kernel.plan.kernel_name
+            )));
+        }
         match (q.hadamard, signs.is_some()) {
             (true, false) => return Err(super::check::invalid(
                 "this quantisation kernel rotates: pass the rotation's signs ([head_dim] f32, ±1)",
@@ -88,6 +124,24 @@ impl Runtime {
         }
         let me = tensor::ctx_id(self.context());
         let stream = self.stream();
+        let blocks = x.desc.shape[1].div_ceil(q.block_rows as usize);
+        let preset = [
+            (Extent::ScaleBlocks, blocks),
+            (Extent::SeqPadded, blocks * q.block_rows as usize),
+        ];
+        let sign_op = signs.map(|sg| tensor::flat_operand(sg, stream));
+        let mut launches = Vec::new();
+        let mut amax_op = None;
+        if let Some((k1, scratch)) = first.as_mut() {
+            let n = scratch.len();
+            let (ap, _a) = scratch.device_ptr_mut(stream);
+            let op = OperandArg::flat(ap, n, ElemType::F32, me);
+            let mut ops = vec![OperandArg::from(&x.desc)];
+            ops.extend(sign_op.clone());
+            ops.push(op.clone());
+            launches.push(self.prepare_with(k1, &ops, &[], &[], &preset)?);
+            amax_op = Some(op);
+        }
         let (n_codes, n_scales) = (codes.len(), scales.len());
         let (cp, _c) = codes.device_ptr_mut(stream);
         let (sp, _s) = scales.device_ptr_mut(stream);
@@ -96,14 +150,9 @@ impl Runtime {
             OperandArg::flat(cp, n_codes, ElemType::U8, me),
             OperandArg::flat(sp, n_scales, ElemType::F32, me),
         ];
-        if let Some(sg) = signs {
-            ops.push(tensor::flat_operand(sg, stream));
-        }
-        let blocks = x.desc.shape[1].div_ceil(q.block_rows as usize);
-        let preset = [
-            (Extent::ScaleBlocks, blocks),
-            (Extent::SeqPadded, blocks * q.block_rows as usize),
-        ];
-        self.prepare_with(kernel, &ops, &[], &[], &preset)
+        ops.extend(sign_op);
+        ops.extend(amax_op);
+        launches.push(self.prepare_with(kernel, &ops, &[], &[], &preset)?);
+        Ok(launches)
     }
 }

@@ -5,10 +5,13 @@ use flash_dsl::fp8::{
     attention_inputs, hadamard_rotate_f32, quantize, random_signs, transpose_for_pv, Fp8Format,
     Scaling,
 };
-use flash_dsl::plan::quantize::QuantSpec;
+use flash_dsl::plan::quantize::{QuantSpec, ScaleGroup};
+use flash_dsl::rng::SplitMix as Rng;
 use flash_dsl::DType;
 use flash_runtime::{FlashError, Runtime, TensorRef};
 use serde_json::{json, Value};
+
+use crate::device::{param_args, random_params, upload_params};
 
 /// One quantisation on the GPU: the codes and scales it wrote (both poisoned first, so a code or
 /// scale the kernel does not write shows).
@@ -18,6 +21,7 @@ fn run(
     bits: &[u16],
     shape: [usize; 4],
     signs: &[f32],
+    n_scales: usize,
 ) -> Result<(Vec<u8>, Vec<f32>), FlashError> {
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("quantisation buffers: {e:?}"));
@@ -31,7 +35,7 @@ fn run(
     };
     let mut codes = st.clone_htod(&vec![0x7Fu8; n_codes.max(1)]).map_err(drv)?;
     let mut scales = st
-        .clone_htod(&vec![f32::NAN; (b * h * blocks).max(1)])
+        .clone_htod(&vec![f32::NAN; n_scales.max(1)])
         .map_err(drv)?;
     let dsigns = st.clone_htod(signs).map_err(drv)?;
     let kernel = rt.load_quantize(q)?;
@@ -44,9 +48,10 @@ fn run(
     Ok((codes, st.clone_dtoh(&scales).map_err(drv)?))
 }
 
-/// bf16 and f16 inputs with outliers (0.1 % ×10) and a tiny batch element, odd shapes, blocks
-/// of 64 and 128 rows, plain, rotated, transposed for P·V, and both: every code (the transposed
-/// padding included) and every scale must equal the host model's. Returns (lines, failures).
+/// bf16 and f16 inputs with outliers (0.1 % ×10) and a tiny batch element, odd shapes, scales
+/// per block of 64 and of 128 rows, per head and per tensor (the two-pass kernels), plain,
+/// rotated, transposed for P·V, and both: every code (the transposed padding included) and
+/// every scale must equal the host model's. Returns (lines, failures).
 pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     let (mut n, mut fails) = (0, 0);
     let shapes = [
@@ -59,7 +64,12 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     let mut seed = 5u64;
     for input in [DType::Bf16, DType::F16] {
         for shape in shapes {
-            for block_rows in [64u32, 128] {
+            for (block_rows, group) in [
+                (64u32, ScaleGroup::Block),
+                (128, ScaleGroup::Block),
+                (128, ScaleGroup::Head),
+                (64, ScaleGroup::Tensor),
+            ] {
                 for (hadamard, transpose) in
                     [(false, false), (true, false), (false, true), (true, true)]
                 {
@@ -72,6 +82,8 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         block_rows,
                         hadamard,
                         transpose,
+                        group,
+                        amax_pass: false,
                     };
                     let len: usize = shape.iter().product();
                     // The last shape's second batch element is tiny (1e-37: `448 / amax`
@@ -96,17 +108,22 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         hadamard_rotate_f32(&mut x, &signs, q.hadamard_norm());
                     }
                     let rows = block_rows as usize;
-                    let want = quantize(&x, shape, Scaling::PerBlock { rows }, Fp8Format::E4m3);
+                    let scaling = match group {
+                        ScaleGroup::Block => Scaling::PerBlock { rows },
+                        ScaleGroup::Head => Scaling::PerHead,
+                        ScaleGroup::Tensor => Scaling::PerTensor,
+                    };
+                    let want = quantize(&x, shape, scaling, Fp8Format::E4m3);
                     let want_codes = if transpose {
                         transpose_for_pv(&want.codes, shape, rows)
                     } else {
                         want.codes.clone()
                     };
                     let label = format!(
-                        "quant {} {shape:?} rows {block_rows} hadamard {hadamard} transposed {transpose}",
+                        "quant {} {shape:?} rows {block_rows} {group:?} hadamard {hadamard} transposed {transpose}",
                         input.name()
                     );
-                    match run(rt, &q, &bits, shape, &signs) {
+                    match run(rt, &q, &bits, shape, &signs, want.scales.len()) {
                         Err(e) => {
                             fails += 1;
                             println!("FAIL {label}: {e}");
@@ -168,6 +185,8 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             block_rows: 128,
             hadamard,
             transpose: false,
+            group: Default::default(),
+            amax_pass: false,
         };
         let kernel = rt.load_quantize(&q)?;
         let xt = TensorRef::new(&x, shape, st);
@@ -202,9 +221,14 @@ struct Fp8Problem {
     dequant: (Vec<f64>, Vec<f64>, Vec<f64>),
 }
 
-/// Quantises normal inputs (with outliers when asked) per block of 128 positions, as the
-/// quantisation kernel does (its GPU check shows the two agree bit for bit).
-fn fp8_problem([b, sq, sk, hq, hkv]: [usize; 5], outliers: bool, seed: u64) -> Fp8Problem {
+/// Quantises normal inputs (with outliers when asked) with the scales grouped by `scaling`, as
+/// the quantisation kernel does (its GPU check shows the two agree bit for bit).
+fn fp8_problem(
+    [b, sq, sk, hq, hkv]: [usize; 5],
+    outliers: bool,
+    seed: u64,
+    scaling: Scaling,
+) -> Fp8Problem {
     let d = 128;
     let (shape_q, shape_k) = ([b, sq, hq, d], [b, sk, hkv, d]);
     let draw = |n: usize, s: u64| -> Vec<f32> {
@@ -218,7 +242,6 @@ fn fp8_problem([b, sq, sk, hq, hkv]: [usize; 5], outliers: bool, seed: u64) -> F
         draw(b * sk * hkv * d, seed + 1),
         draw(b * sk * hkv * d, seed + 2),
     );
-    let scaling = Scaling::PerBlock { rows: 128 };
     let qq = quantize(&q, shape_q, scaling, Fp8Format::E4m3);
     let kq = quantize(&k, shape_k, scaling, Fp8Format::E4m3);
     let vq = quantize(&v, shape_k, scaling, Fp8Format::E4m3);
@@ -335,19 +358,25 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 seed += 3;
                 n += 1;
                 let [b, sq, sk, hq, hkv] = shape;
-                let slopes: Vec<f32> = (0..hq).map(|i| -0.5f32.powi(i as i32 + 1)).collect();
-                let dslopes = rt.stream().clone_htod(&slopes).expect("slopes upload");
-                let mut params = Vec::new();
-                let mut values = flash_dsl::eval::ParamValues::none();
-                if !spec.params.is_empty() {
-                    params.push(flash_runtime::ParamArg::tensor_f32(&dslopes, rt.stream()));
-                    values = flash_dsl::eval::ParamValues::new(vec![
-                        flash_dsl::eval::ParamValue::FloatTensor(
-                            slopes.iter().map(|&x| x as f64).collect(),
-                        ),
-                    ]);
-                }
-                let x = fp8_problem(shape, outliers, seed);
+                // The params (ALiBi slopes, document ids) drawn as the bf16 check draws them.
+                let sizes = flash_dsl::eval::Sizes {
+                    batch: b,
+                    heads: hq,
+                    seq_q: sq,
+                    seq_k: sk,
+                };
+                let values = random_params(spec, sizes, &mut Rng(seed));
+                let dp = match upload_params(rt, &values) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        fails += 1;
+                        println!("FAIL fp8 {}: params: {e}", spec.name);
+                        continue;
+                    }
+                };
+                let params = param_args(rt, spec, &values, &dp);
+                let scaling = spec.fp8.expect("an fp8 variant").scaling;
+                let x = fp8_problem(shape, outliers, seed, scaling);
                 let label = format!(
                     "fp8 {} s{} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
                     spec.name,
@@ -394,10 +423,12 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
 
 /// The fp8 forward (dense and causal, d 128, h 16, b = 16384 / n, n 4096 and 16384) next to
 /// flash's own bf16 forward of the same shapes in the same call, and the fp8 forward with the
-/// quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`.
+/// quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`; and the
+/// same kernels with one scale per head (`scales: per_head`, rows `_perhead`), whose constant V
+/// scale lets a warp skip the output's rescale where no row's max moved.
 pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Result<(), FlashError> {
     let specs = flash_dsl::parse::parse_str(
-        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }\npub Dense { head_dim: 128, dtype: bf16 }\npub Causal { head_dim: 128, dtype: bf16, mask: causal }",
+        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }\npub Dense { head_dim: 128, dtype: bf16 }\npub Causal { head_dim: 128, dtype: bf16, mask: causal }\npub Fp8DenseH { head_dim: 128, dtype: e4m3, scales: per_head }\npub Fp8CausalH { head_dim: 128, dtype: e4m3, scales: per_head, mask: causal }",
     )
     .expect("the timing variants parse");
     let st = rt.stream();
@@ -406,7 +437,8 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
     for n in [4096usize, 16384] {
         let b = 16384 / n;
         let shape = [b, n, n, h, h];
-        let x = fp8_problem(shape, false, 7);
+        let x = fp8_problem(shape, false, 7, Scaling::PerBlock { rows: 128 });
+        let x_head = fp8_problem(shape, false, 7, Scaling::PerHead);
         let bits: Vec<u16> = x
             .dequant
             .0
@@ -430,6 +462,8 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
                 block_rows: 128,
                 hadamard: false,
                 transpose,
+                group: Default::default(),
+                amax_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
@@ -442,10 +476,10 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
                 fl /= 2.0;
             }
             let pick = |name: &str| specs.iter().find(|s| s.name == name).expect("declared");
-            let (f8, bf) = if causal {
-                (pick("Fp8Causal"), pick("Causal"))
+            let (f8, bf, f8h) = if causal {
+                (pick("Fp8Causal"), pick("Causal"), pick("Fp8CausalH"))
             } else {
-                (pick("Fp8Dense"), pick("Dense"))
+                (pick("Fp8Dense"), pick("Dense"), pick("Fp8DenseH"))
             };
             let default =
                 flash_dsl::plan::default_config_for(f8, flash_dsl::plan::KernelFamily::Sm90Ws);
@@ -457,6 +491,8 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
             let (_, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
             let k_other = rt.load(f8, Some(other))?;
             let (_, _, ms_other) = run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?;
+            let k_head = rt.load(f8h, Some(default))?;
+            let (_, _, ms_head) = run_fp8(rt, &k_head, &x_head, shape, &[], Some((5, 20)))?;
             let kb = rt.load(bf, None)?;
             let ms16 = {
                 let t = TensorRef::new(&xb, [b, n, h, d], st);
@@ -469,6 +505,7 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
                 (format!("fp8{tag}"), "e4m3", ms8),
                 (format!("fp8{tag}_s{}", other.stages), "e4m3", ms_other),
                 (format!("fp8{tag}+quant"), "e4m3", ms8 + quant_ms),
+                (format!("fp8{tag}_perhead"), "e4m3", ms_head),
                 (format!("bf16{tag}"), "bf16", ms16),
             ] {
                 let tf = fl / ms as f64 / 1e9;
@@ -493,24 +530,32 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
 /// Issue 11's accuracy table through the fp8 kernel: O's RMSE and largest error against the
 /// float64 attention of the *unquantised* inputs, d 128 (the kernel's head dim), 1024 tokens, 4
 /// heads, normal inputs and inputs with 0.1 % outliers ×10, for each scheme of
-/// `flash_dsl::fp8::SCHEMES`, next to flash's bf16 forward of the same inputs. Per-tensor and
-/// per-head scales run through the kernel's per-block scale arrays (every block of a head, or
-/// of the tensor, holding the same scale); the rotation and the smoothing of K are applied on
-/// the host before the quantisation (they leave Q·Kᵀ, and the softmax, unchanged).
+/// `flash_dsl::fp8::SCHEMES`, next to flash's bf16 forward of the same inputs. Each scheme runs
+/// the kernel of its grouping (`scales: per_tensor`, `per_head`, `per_block(128)`); the rotation
+/// and the smoothing of K are applied on the host before the quantisation (they leave Q·Kᵀ, and
+/// the softmax, unchanged).
 pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
     use flash_dsl::fp8::{hadamard_rotate, smooth_keys, SCHEMES};
     use flash_dsl::model::reference::{self, Problem};
     let specs = flash_dsl::parse::parse_str(
-        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Dense { head_dim: 128, dtype: bf16 }",
+        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Dense { head_dim: 128, dtype: bf16 }\npub Fp8DenseH { head_dim: 128, dtype: e4m3, scales: per_head }\npub Fp8DenseT { head_dim: 128, dtype: e4m3, scales: per_tensor }",
     )
     .expect("the table's variants parse");
     let (f8, bf) = (&specs[0], &specs[1]);
+    let kernel_of = |s: Scaling| {
+        rt.load(
+            match s {
+                Scaling::PerBlock { .. } => f8,
+                Scaling::PerHead => &specs[2],
+                Scaling::PerTensor => &specs[3],
+            },
+            None,
+        )
+    };
     let (b, n, h, d) = (1usize, 1024usize, 4usize, 128usize);
     let shape = [b, n, h, d];
-    let blocks = n.div_ceil(128);
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("accuracy table buffers: {e:?}"));
-    let k8 = rt.load(f8, None)?;
     let kb = rt.load(bf, None)?;
     let rms = |a: &[f64], b: &[f64]| {
         (a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>() / a.len() as f64).sqrt()
@@ -582,31 +627,16 @@ pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
                 smooth_keys(&mut kr, shape);
             }
             let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-            // Scales of any grouping as the kernel's per-block arrays.
-            let per_block = |s: &[f32]| -> Vec<f32> {
-                let mut out = vec![0f32; b * h * blocks];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let (bh, _) = (i / blocks, i % blocks);
-                    *o = match scheme.scaling {
-                        Scaling::PerTensor => s[0],
-                        Scaling::PerHead => s[bh],
-                        Scaling::PerBlock { .. } => s[i],
-                    };
-                }
-                out
-            };
             let qq = quantize(&f32s(&qr), shape, scheme.scaling, Fp8Format::E4m3);
             let kq = quantize(&f32s(&kr), shape, scheme.scaling, Fp8Format::E4m3);
             let vq = quantize(&f32s(&v), shape, scheme.scaling, Fp8Format::E4m3);
             let x = Fp8Problem {
-                q: (qq.codes, per_block(&qq.scales)),
-                k: (kq.codes, per_block(&kq.scales)),
-                v_t: (
-                    transpose_for_pv(&vq.codes, shape, 128),
-                    per_block(&vq.scales),
-                ),
+                q: (qq.codes, qq.scales),
+                k: (kq.codes, kq.scales),
+                v_t: (transpose_for_pv(&vq.codes, shape, 128), vq.scales),
                 dequant: (Vec::new(), Vec::new(), Vec::new()),
             };
+            let k8 = kernel_of(scheme.scaling)?;
             let (o, _, _) = run_fp8(rt, &k8, &x, [b, n, n, h, h], &[], None)?;
             cells(
                 &format!("fp8 {}", scheme.name),

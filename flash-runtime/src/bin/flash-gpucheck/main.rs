@@ -18,7 +18,7 @@
 //! timing, the prefill of packed documents (16k tokens, lengths 128…4096) against the same
 //! tokens as dense batches. See `varlen.rs`.
 //!
-//! **FP8** (`--fp8-only`): the quantisation kernel (e4m3, blocks of 64 and 128 rows, with and
+//! **FP8** (`--fp8-only`): the quantisation kernels (e4m3, scales per block of 64 and 128 rows, per head and per tensor, with and
 //! without the Hadamard rotation, bf16 and f16 inputs with outliers) against the host model of
 //! `flash_dsl::fp8`, every code and scale bit for bit; with timing, its bandwidth. See
 //! `fp8check.rs`.
