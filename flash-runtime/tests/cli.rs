@@ -657,3 +657,45 @@ fn quantize_arguments_are_checked_before_the_gpu() {
     }
     assert!(!d.join("c.npy").exists(), "nothing ran");
 }
+
+/// `flash run` of an fp8 variant refuses what fp8 does not have (packed batches, paged caches,
+/// split-KV, the backward, a dropout mask) before the GPU, and `--hadamard-seed` on a variant
+/// that is not fp8.
+#[test]
+fn run_fp8_flags_are_checked_before_the_gpu() {
+    let dir = run_inputs();
+    let d = dir.path();
+    let fp8 = examples().join("../fp8/check.flash");
+    let only = "is not available for fp8 variants (`Fp8Causal` declares `dtype: e4m3`)";
+    fails_before_the_gpu(
+        d,
+        &fp8,
+        &[
+            (&["--name", "Fp8Causal", "--do", "do.npy"], only),
+            (&["--name", "Fp8Causal", "--splits", "4"], only),
+            (
+                &[
+                    "--name",
+                    "Fp8Causal",
+                    "--page-table",
+                    "doc.npy",
+                    "--seqlens-k",
+                    "doc.npy",
+                ],
+                only,
+            ),
+            (
+                &["--name", "Fp8Causal", "--cu-seqlens-q", "doc.npy"],
+                "--cu-seqlens-q",
+            ),
+        ],
+    );
+    fails_before_the_gpu(
+        d,
+        &examples().join("causal.flash"),
+        &[(
+            &["--hadamard-seed", "3"],
+            "--hadamard-seed rotates the inputs of an fp8 variant",
+        )],
+    );
+}

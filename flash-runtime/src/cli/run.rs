@@ -37,6 +37,13 @@
 //! `f32` parameter the score depends on as f32 with the parameter's shape (`[1]` for a scalar).
 //! Gradient flags without `--do`, and `--dparam` naming a parameter without a gradient, are
 //! errors found before the GPU is touched.
+//!
+//! An fp8 variant (`dtype: e4m3`) takes the same float inputs: Q, K and V are rounded to bf16,
+//! quantised on the GPU into e4m3 codes and scales grouped as the variant's `scales:` declares
+//! (V transposed for the second product; with `--hadamard-seed N` Q and K rotated first by the
+//! random Hadamard matrix of that seed, which leaves Q·Kᵀ unchanged), then the fp8 forward runs;
+//! O is bf16. Packed batches, paged caches, split-KV and the backward do not exist for fp8 and
+//! are errors before the GPU is touched.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -135,6 +142,10 @@ pub struct RunArgs {
     /// and `--v` are then `[total_k, heads_kv, d]`.
     #[arg(long, requires = "cu_seqlens_q", conflicts_with = "page_table")]
     pub cu_seqlens_k: Option<PathBuf>,
+    /// fp8 variants: rotate Q and K by the random Hadamard matrix with this seed before
+    /// quantising them (incoherent processing; Q·Kᵀ is unchanged up to rounding).
+    #[arg(long)]
+    pub hadamard_seed: Option<u64>,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
@@ -326,6 +337,16 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
     };
     let given = read_params(&a.params, &spec)?;
     let o_shape = [qs[0], qs[1], qs[2], spec.head_dim_v as usize];
+    if spec.fp8.is_some() {
+        return run_fp8(a, &spec, [&q, &k, &v], [qs, ks, vs], given, o_shape);
+    }
+    if a.hadamard_seed.is_some() {
+        return Err(invalid(format!(
+            "--hadamard-seed rotates the inputs of an fp8 variant before quantising them; `{}` is not one (it declares `dtype: {}`)",
+            spec.name,
+            spec.dtype.name()
+        )));
+    }
     let batch = packed.as_ref().map_or(qs[0], |p| p.cu_q.len() - 1);
     let paged = read_paged(a, batch)?;
     let longest = |cu: &[i32]| {
@@ -574,6 +595,152 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
             .chain(bwd.dparams.iter().map(|d| format!("d{}", d.name)))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `flash run` of an fp8 variant (see the module docs): the float inputs quantised on the GPU
+/// as the variant declares, then the fp8 forward.
+fn run_fp8(
+    a: &RunArgs,
+    spec: &VariantSpec,
+    [q, k, v]: [&NpyArray; 3],
+    [qs, ks, vs]: [[usize; 4]; 3],
+    given: HashMap<String, ParamValue>,
+    o_shape: [usize; 4],
+) -> Result<ExitCode, FlashError> {
+    use flash_dsl::plan::quantize::{QuantSpec, ScaleGroup};
+    let fp8 = spec.fp8.expect("an fp8 variant");
+    for (set, flag) in [
+        (a.cu_seqlens_q.is_some(), "--cu-seqlens-q"),
+        (a.page_table.is_some(), "--page-table"),
+        (a.splits.is_some(), "--splits"),
+        (a.d_o.is_some(), "--do"),
+        (a.dropout_mask.is_some(), "--dropout-mask"),
+    ] {
+        if set {
+            return Err(invalid(format!(
+                "{flag} is not available for fp8 variants (`{}` declares `dtype: e4m3`): only the forward over contiguous Q, K, V exists",
+                spec.name
+            )));
+        }
+    }
+    if ks[1] != vs[1] || ks[0] != vs[0] || ks[2] != vs[2] {
+        return Err(invalid(format!(
+            "v {vs:?} must have k's batch, length and heads {ks:?}"
+        )));
+    }
+    let rt = Runtime::new(a.gpu)?;
+    let plan = a.variant.plan(spec, rt.info().default_family)?;
+    let kernel = rt.load(spec, Some(plan.config))?;
+    let stream = rt.stream().clone();
+    let up = |x: &NpyArray| -> Result<_, FlashError> {
+        stream
+            .clone_htod(&pad(x.data.to_half_bits(DType::Bf16)))
+            .map_err(drv("copying an input to the GPU"))
+    };
+    let (q_dev, k_dev, v_dev) = (up(q)?, up(k)?, up(v)?);
+    let block = flash_dsl::spec::FP8_SCALE_BLOCK as usize;
+    let group = ScaleGroup::of(fp8.scaling);
+    let signs: Vec<f32> = flash_dsl::fp8::random_signs(qs[3], a.hadamard_seed.unwrap_or(0))
+        .iter()
+        .map(|&s| s as f32)
+        .collect();
+    let dsigns = stream
+        .clone_htod(&signs)
+        .map_err(drv("copying the signs"))?;
+    // One quantisation: codes and scales of `x` (`shape`), rotated and/or transposed.
+    let quantise = |x: &CudaSlice<u16>,
+                    shape: [usize; 4],
+                    rotate: bool,
+                    transpose: bool|
+     -> Result<(CudaSlice<u8>, CudaSlice<f32>), FlashError> {
+        let [b, s, h, d] = shape;
+        let blocks = s.div_ceil(block);
+        let n_codes = if transpose {
+            b * h * d * blocks * block
+        } else {
+            b * s * h * d
+        };
+        let n_scales = match group {
+            ScaleGroup::Block => b * h * blocks,
+            ScaleGroup::Head => b * h,
+            ScaleGroup::Tensor => 1,
+        };
+        let mut codes = stream
+            .alloc_zeros::<u8>(n_codes.max(8))
+            .map_err(drv("allocating fp8 codes"))?;
+        let mut scales = stream
+            .alloc_zeros::<f32>(n_scales.max(1))
+            .map_err(drv("allocating fp8 scales"))?;
+        let qspec = QuantSpec {
+            input: DType::Bf16,
+            head_dim: d as u32,
+            format: fp8.format,
+            block_rows: block as u32,
+            hadamard: rotate,
+            transpose,
+            group,
+            amax_pass: false,
+        };
+        let qk = rt.load_quantize(&qspec)?;
+        rt.quantize(
+            &qk,
+            &TensorRef::new(x, shape, &stream),
+            rotate.then_some(&dsigns),
+            &mut codes,
+            &mut scales,
+        )?;
+        Ok((codes, scales))
+    };
+    let rotate = a.hadamard_seed.is_some();
+    let (cq, sq) = quantise(&q_dev, qs, rotate, false)?;
+    let (ck, sk) = quantise(&k_dev, ks, rotate, false)?;
+    let (cv, sv) = quantise(&v_dev, vs, false, true)?;
+    let n_o: usize = o_shape.iter().product();
+    let n_lse = qs[0] * qs[2] * qs[1];
+    let mut o = stream
+        .alloc_zeros::<u16>(n_o.max(8))
+        .map_err(drv("allocating O"))?;
+    let mut lse = stream
+        .alloc_zeros::<f32>(n_lse.max(1))
+        .map_err(drv("allocating the LSE"))?;
+    let params = DeviceParams::upload(spec, given, &stream)?;
+    let args = params.args(&stream);
+    {
+        let inputs = crate::launch::Fp8Inputs {
+            q: TensorRef::new(&cq, qs, &stream),
+            q_scale: &sq,
+            k: TensorRef::new(&ck, ks, &stream),
+            k_scale: &sk,
+            v_t: &cv,
+            v_scale: &sv,
+        };
+        let mut to = TensorMut::new(&mut o, o_shape, &stream);
+        let mut tl = LseMut::new(&mut lse, &stream);
+        rt.forward_fp8(&kernel, &inputs, &mut to, &mut tl, &args)?;
+    }
+    rt.synchronize()?;
+    let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;
+    let lse_host: Vec<f32> = stream
+        .clone_dtoh(&lse)
+        .map_err(drv("copying the LSE back"))?;
+    write_outputs(
+        a,
+        spec.dtype,
+        o_shape.to_vec(),
+        vec![qs[0], qs[2], qs[1]],
+        &o_host[..n_o],
+        &lse_host[..n_lse],
+    )?;
+    eprintln!(
+        "ran {} ({}, inputs quantised on the GPU{}) on {}: q {:?}, k {:?}",
+        spec.name,
+        kernel.plan.kernel_name,
+        if rotate { ", Q and K rotated" } else { "" },
+        rt.info().name,
+        qs,
+        ks
     );
     Ok(ExitCode::SUCCESS)
 }
