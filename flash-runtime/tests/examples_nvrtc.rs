@@ -40,7 +40,7 @@ fn every_example_variant_compiles_without_spills() {
             }
         }
     }
-    // Eleven example variants; the causal one at d64 also in its long-launch tile, twice (dtypes).
+    // Eleven example variants; the causal one at d64 also in its long-launch tile (two dtypes).
     assert_eq!(jobs.len(), 11 * 2 * 2 * 3 + 2, "eleven example variants");
     let rows = common::par_map(&jobs, |(spec, arch, cfg)| {
         let p = plan(spec, Some(*cfg)).unwrap();

@@ -202,10 +202,12 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// allocated even where it went unused, so d128 keeps register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let dense = spec.mask.is_none() && spec.sparsity.is_none();
+    // 192-row tiles of masked variants above d64 (tuner candidates) keep register stores: with
+    // the staging's epilogue the causal d128 one spills 12 bytes.
     let wanted = if dense {
         spec.head_dim_qk.max(spec.head_dim_v) <= 64
     } else {
-        spec.head_dim_v > 64
+        spec.head_dim_v > 64 && cfg.block_m <= 128
     };
     cfg.family == KernelFamily::Sm90Ws
         && spec.fp8.is_none()

@@ -624,7 +624,7 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
     let causal64 = VariantSpec {
         head_dim_qk: 64,
         head_dim_v: 64,
-        ..causal
+        ..causal.clone()
     };
     assert_eq!(
         default_config_for(&causal64, KernelFamily::Sm90Ws).stages,
@@ -634,19 +634,36 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         default_config_for(&causal64, KernelFamily::Sm90Ws).block_m,
         128
     );
-    // The plain dense variant at head dims up to 64: three consumer warpgroups.
+    // The plain dense variant at head dims up to 128: three consumer warpgroups.
     let dense64 = VariantSpec {
         mask: None,
-        ..causal64
+        ..causal64.clone()
     };
     let wide = default_config_for(&dense64, KernelFamily::Sm90Ws);
     assert_eq!((wide.block_m, wide.warps, wide.stages), (192, 16, 2));
     assert!(plan(&dense64, Some(wide)).is_ok());
     assert_eq!(
         default_config_for(&plain, KernelFamily::Sm90Ws).block_m,
-        128,
-        "head dim 128 keeps two consumer warpgroups"
+        192,
+        "plain dense at head dim 128 takes three consumer warpgroups too"
     );
+    // Long causal launches at d64 take them too (192 × 192), short ones and d128 not.
+    use crate::plan::default_config_for_launch;
+    let ws = KernelFamily::Sm90Ws;
+    let tile = |s: &VariantSpec, n| {
+        let c = default_config_for_launch(s, ws, n);
+        (c.block_m, c.block_n)
+    };
+    assert_eq!(tile(&causal64, 1024), (128, 128));
+    assert_eq!(tile(&causal64, 2048), (192, 192));
+    assert_eq!(tile(&causal, 16384), (128, 128));
+    // 192-row tiles of masked variants keep register stores.
+    let wide128 = TileConfig {
+        block_m: 192,
+        warps: 16,
+        ..default_config_for(&causal, ws)
+    };
+    assert!(!crate::plan::forward::o_by_tma(&causal, &wide128));
 }
 
 #[test]

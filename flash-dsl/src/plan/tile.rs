@@ -339,12 +339,13 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
                 stages: if overlap { 3 } else { 2 },
                 family,
             };
-            // The plain dense kernel at head dims up to 64 takes three consumer warpgroups
-            // (192 queries): it is bound by the softmax's latency, and the third warpgroup
-            // hides more of it. H200: +11-13 % at seq 4096/16384, +2 % at 1024; a causal mask
-            // lost 16 % at seq 1024 with it (more of each diagonal tile wasted), so masks,
-            // score hooks, dropout and block maps keep 128.
-            if d <= 64
+            // The plain dense kernel takes three consumer warpgroups (192 queries): it is bound
+            // by the softmax's latency, and the third warpgroup hides more of it. H200, d64:
+            // +11-13 % at seq 4096/16384, +2 % at 1024; d128 (`bench/results/ab-shape-defaults/`):
+            // see there. A causal mask lost 16 % at seq 1024 with it (more of each diagonal tile
+            // wasted), so masks, score hooks, dropout and block maps keep 128 (longer causal
+            // launches take it: `default_config_for_launch`).
+            if d <= 128
                 && spec.mask.is_none()
                 && spec.score.is_none()
                 && spec.dropout.is_none()
@@ -385,12 +386,13 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 }
 
 /// The default configuration of a launch over `seq_q` queries: [`default_config_for`], except
-/// that a causal mask alone at head dims up to 64 takes the plain dense kernel's three consumer
-/// warpgroups (192 queries, two stages) from [`WIDE_CAUSAL_MIN_QUERIES`] queries on. Measured on
-/// an H200 (`bench/results/ab-d64wide/explore-*`, and this rule's A/B in
-/// `bench/results/ab-shape-defaults/`): causal d64 +3 % at 4096 queries, +8-12 % at 16384, but
-/// -16 % at 1024, where more of each 192-row diagonal tile is masked and the walks are short.
-/// Other masks (windows, documents) were not measured with it and keep the default.
+/// that a causal mask alone at head dims up to 64 takes three consumer warpgroups and 192 keys
+/// per step (192 × 192, two stages) from [`WIDE_CAUSAL_MIN_QUERIES`] queries on. Measured on an
+/// H200 (`bench/results/ab-shape-defaults/`: the tuner's runs and two A/Bs): causal d64 +8 % at
+/// 2048 queries (tuner), +12 / +17 % at 4096 / 16384 over the 128 × 128 default; at 1024 the
+/// 192-row diagonal tiles lose 6-16 % (more of each is masked, and the walks are short). At
+/// d128 the 192-query causal tile measured −1 / +1.5 % (n 4k / 16k) and is not taken. Other
+/// masks (windows, documents) were not measured with it and keep the default.
 ///
 /// ```
 /// use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
@@ -399,7 +401,8 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 ///     .remove(0);
 /// let ws = KernelFamily::Sm90Ws;
 /// assert_eq!(default_config_for_launch(&spec, ws, 1024), default_config_for(&spec, ws));
-/// assert_eq!(default_config_for_launch(&spec, ws, 16384).block_m, 192);
+/// let long = default_config_for_launch(&spec, ws, 16384);
+/// assert_eq!((long.block_m, long.block_n), (192, 192));
 /// ```
 pub fn default_config_for_launch(
     spec: &VariantSpec,
@@ -419,7 +422,7 @@ pub fn default_config_for_launch(
     {
         let wide = TileConfig {
             block_m: 192,
-            block_n: 128,
+            block_n: 192,
             warps: 16,
             stages: 2,
             family,
@@ -431,9 +434,9 @@ pub fn default_config_for_launch(
     cfg
 }
 
-/// From this many queries a causal launch at head dims up to 64 takes 192-query tiles (see
+/// From this many queries a causal launch at head dims up to 64 takes 192 × 192 tiles (see
 /// [`default_config_for_launch`]).
-pub const WIDE_CAUSAL_MIN_QUERIES: usize = 4096;
+pub const WIDE_CAUSAL_MIN_QUERIES: usize = 2048;
 
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {
