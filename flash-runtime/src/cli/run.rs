@@ -411,14 +411,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
             .map_err(|e| FlashError::Driver(format!("copying an input to the GPU: {e:?}")))
     };
     let (q_dev, k_dev, v_dev) = (up(&q)?, up(&k)?, up(&v)?);
-    let n_o: usize = o_shape.iter().product();
-    let n_lse = qs[0] * qs[2] * qs[1];
-    let mut o = stream
-        .alloc_zeros::<u16>(n_o.max(8))
-        .map_err(drv("allocating O"))?;
-    let mut lse = stream
-        .alloc_zeros::<f32>(n_lse.max(1))
-        .map_err(drv("allocating the LSE"))?;
+    let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(&spec, given, &stream)?;
     let mut args = params.args(&stream);
     if let Some(r) = rng {
@@ -486,10 +479,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<ExitCode, FlashError> {
         }
     }
     rt.synchronize()?;
-    let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;
-    let lse_host: Vec<f32> = stream
-        .clone_dtoh(&lse)
-        .map_err(drv("copying the LSE back"))?;
+    let (o_host, lse_host) = read_outputs(&stream, &o, &lse)?;
     let [batch, seq_q, heads_q, dv] = o_shape;
     let (o_dims, lse_dims) = match &packed {
         Some(p) if p.rank3 => (vec![seq_q, heads_q, dv], vec![heads_q, seq_q]),
@@ -697,14 +687,7 @@ fn run_fp8(
     let (cq, sq) = quantise(&q_dev, qs, rotate, false)?;
     let (ck, sk) = quantise(&k_dev, ks, rotate, false)?;
     let (cv, sv) = quantise(&v_dev, vs, false, true)?;
-    let n_o: usize = o_shape.iter().product();
-    let n_lse = qs[0] * qs[2] * qs[1];
-    let mut o = stream
-        .alloc_zeros::<u16>(n_o.max(8))
-        .map_err(drv("allocating O"))?;
-    let mut lse = stream
-        .alloc_zeros::<f32>(n_lse.max(1))
-        .map_err(drv("allocating the LSE"))?;
+    let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(spec, given, &stream)?;
     let args = params.args(&stream);
     {
@@ -721,10 +704,7 @@ fn run_fp8(
         rt.forward_fp8(&kernel, &inputs, &mut to, &mut tl, &args)?;
     }
     rt.synchronize()?;
-    let o_host: Vec<u16> = stream.clone_dtoh(&o).map_err(drv("copying O back"))?;
-    let lse_host: Vec<f32> = stream
-        .clone_dtoh(&lse)
-        .map_err(drv("copying the LSE back"))?;
+    let (o_host, lse_host) = read_outputs(&stream, &o, &lse)?;
     write_outputs(
         a,
         spec.dtype,
@@ -1053,6 +1033,37 @@ fn with_len(mut p: ParamArg<'_>, len: usize) -> ParamArg<'_> {
         *l = len;
     }
     p
+}
+
+/// O (`o_shape`, 16-bit elements) and the LSE (`[batch, heads_q, seq_q]` f32) of a launch on
+/// `stream`, never empty, and their logical lengths.
+fn alloc_outputs(
+    stream: &Arc<CudaStream>,
+    o_shape: [usize; 4],
+) -> Result<(CudaSlice<u16>, CudaSlice<f32>, usize, usize), FlashError> {
+    let n_o: usize = o_shape.iter().product();
+    let n_lse = o_shape[0] * o_shape[2] * o_shape[1];
+    let o = stream
+        .alloc_zeros::<u16>(n_o.max(8))
+        .map_err(drv("allocating O"))?;
+    let lse = stream
+        .alloc_zeros::<f32>(n_lse.max(1))
+        .map_err(drv("allocating the LSE"))?;
+    Ok((o, lse, n_o, n_lse))
+}
+
+/// O and the LSE copied back to the host (after the launch's stream synchronised).
+fn read_outputs(
+    stream: &Arc<CudaStream>,
+    o: &CudaSlice<u16>,
+    lse: &CudaSlice<f32>,
+) -> Result<(Vec<u16>, Vec<f32>), FlashError> {
+    Ok((
+        stream.clone_dtoh(o).map_err(drv("copying O back"))?,
+        stream
+            .clone_dtoh(lse)
+            .map_err(drv("copying the LSE back"))?,
+    ))
 }
 
 /// Writes O (in the variant's dtype, or f32 with `--out-dtype f32`) and, with `--lse`, the LSE
