@@ -198,8 +198,8 @@ struct Context {
     /// Q, K and V are fp8 codes with block scales (`VariantSpec::fp8`); the PTX type.
     fp8: bool,
     fp8_type: String,
-    /// How an fp8 variant's scales are grouped: 0 per block of 128 positions, 1 per (batch,
-    /// head), 2 per tensor.
+    /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
+    /// block of 128 positions, 1 per (batch, head), 2 per tensor.
     fp8_scale_unit: u32,
 }
 
@@ -458,11 +458,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .fp8
             .map(|f| f.format.name().to_string())
             .unwrap_or_default(),
-        fp8_scale_unit: match spec.fp8.map(|f| f.scaling) {
-            Some(crate::fp8::Scaling::PerTensor) => 2,
-            Some(crate::fp8::Scaling::PerHead) => 1,
-            _ => 0,
-        },
+        fp8_scale_unit: spec.fp8.map_or(0, |f| {
+            crate::plan::quantize::ScaleGroup::of(f.scaling) as u32
+        }),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| wgmma::wgmma_def(w, spec.fp8.map_or(mma_type, |f| f.format.name())))

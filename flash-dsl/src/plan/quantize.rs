@@ -54,16 +54,17 @@ pub struct QuantSpec {
     pub amax_pass: bool,
 }
 
-/// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]).
+/// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]). The
+/// discriminants are the templates' numbering (`GROUP`, `SCALE_UNIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum ScaleGroup {
     /// A block of `block_rows` positions of one (batch, head).
     #[default]
-    Block,
+    Block = 0,
     /// One (batch, head).
-    Head,
+    Head = 1,
     /// The whole tensor.
-    Tensor,
+    Tensor = 2,
 }
 
 impl ScaleGroup {
