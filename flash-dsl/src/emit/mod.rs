@@ -145,6 +145,9 @@ struct Context {
     o_tma: bool,
     /// ... up to this many keys (`plan::forward::o_tma_max_keys`), by register stores beyond.
     o_tma_max_keys: u32,
+    /// Q tiles of the sm90ws forward (`plan::forward::q_buffers`): 2 lets the producer load the
+    /// next work item's Q while the consumers finish the current one.
+    q_buffers: u32,
     /// The kernel decides dropout (forward and backward main kernels of a variant with dropout).
     has_dropout: bool,
     /// The dropout probability as a C++ `float` expression over `args`.
@@ -408,6 +411,15 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         o_tma: plan.kind == KernelKind::Forward
             && plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
         o_tma_max_keys: crate::plan::forward::o_tma_max_keys(spec),
+        q_buffers: if matches!(plan.kind, KernelKind::Forward | KernelKind::ForwardVarlen) {
+            crate::plan::forward::q_buffers(
+                spec,
+                &cfg,
+                plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
+            )
+        } else {
+            1
+        },
         has_dropout,
         dropout_p,
         mask_bits_body: plan

@@ -190,14 +190,16 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 
 /// Whether the sm90ws forward can write O by TMA stores (`cp.async.bulk.tensor`) of tiles
 /// staged in shared memory rather than by 4-byte stores from registers, where the staging tiles
-/// fit beside the K/V stages: masked or block-sparse variants above head dim 64, and plain dense
-/// variants at head dims up to 64 (which take it only on short walks, see [`o_tma_max_keys`]);
+/// fit beside the K/V stages: masked or block-sparse variants with tiles of up to 128 queries,
+/// and plain dense variants at head dims up to 64 (which take it only on short walks, see
+/// [`o_tma_max_keys`]);
 /// not fp8 or a packed batch (whose sequences a box could cross). The store is asynchronous, so
 /// a consumer starts its next item while O drains, and it writes whole lines where the
 /// accumulator layout gives each thread two columns of each 8-column tile. Measured on an H200
 /// against register stores, same call (`bench/results/ab-o-tma/README.md`): causal d128
 /// +9 / +3 / +1 % (n 1k / 4k / 16k), document +6-12 %, window +3-4 %, BigBird +7-8 %; masked
-/// d64 within ±1.5 % (register stores kept). Plain dense (`bench/results/ab-shape-defaults/`):
+/// d64 then within ±1.5 %, and +2.6 % at causal n 1k once the overlapped consumers ran across
+/// items (`bench/results/ab-item-stream/`). Plain dense (`bench/results/ab-shape-defaults/`):
 /// d64 +3 / +2 / +5 % with TMA stores up to 2048 keys, d128 lost 5 % at n 4k with the staging
 /// allocated even where it went unused, so d128 keeps register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
@@ -207,7 +209,7 @@ pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let wanted = if dense {
         spec.head_dim_qk.max(spec.head_dim_v) <= 64
     } else {
-        spec.head_dim_v > 64 && cfg.block_m <= 128
+        cfg.block_m <= 128
     };
     cfg.family == KernelFamily::Sm90Ws
         && spec.fp8.is_none()
@@ -230,6 +232,36 @@ pub fn o_tma_max_keys(spec: &VariantSpec) -> u32 {
 /// Plain dense forwards store O by TMA up to this many keys (16 steps of 128): at d128 TMA stores
 /// measured gains at 1024 keys and losses at 4096 and above; 2048 was not measured.
 pub const DENSE_O_TMA_MAX_KEYS: u32 = 2048;
+
+/// Bytes of one Q tile in the forward's shared memory (rows padded to 64 elements for the
+/// 128-byte swizzle; one byte per element for fp8).
+pub fn q_tile_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    let elem = if spec.fp8.is_some() {
+        1
+    } else {
+        spec.dtype.size() as u32
+    };
+    cfg.block_m * spec.head_dim_qk.div_ceil(64) * 64 * elem
+}
+
+/// How many Q tiles the sm90ws forward holds: two where a second one fits beside the K/V
+/// stages (and the O staging, when `o_tma`: [`o_by_tma`]), else one. With two, the producer loads the next
+/// work item's Q — and then its first K/V tiles — while the consumers are still in the current
+/// item, instead of after their last Q·Kᵀ of it: on short walks (n 1k, windows, documents) the
+/// consumers otherwise wait for that copy at every item.
+pub fn q_buffers(spec: &VariantSpec, cfg: &TileConfig, o_tma: bool) -> u32 {
+    // Three consumer warpgroups (16 warps) run at 160 registers a thread, and the second slot's
+    // bookkeeping made the dense d128 192 × 128 consumer spill 8 bytes: they keep one.
+    if cfg.family != KernelFamily::Sm90Ws || cfg.warps > 12 {
+        return 1;
+    }
+    let staging = if o_tma { o_staging_bytes(spec, cfg) } else { 0 };
+    if smem_bytes(spec, cfg) + staging + q_tile_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES {
+        2
+    } else {
+        1
+    }
+}
 
 /// Plans the forward kernel of `spec` with `config`.
 pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan, PlanError> {
@@ -277,7 +309,8 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
                     o_staging_bytes(spec, &config)
                 } else {
                     0
-                },
+                }
+                + (q_buffers(spec, &config, o_tma) - 1) * q_tile_bytes(spec, &config),
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),

@@ -573,10 +573,11 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
     };
     assert!(plan(&plain, Some(ws(2))).is_ok());
     let three = plan(&plain, Some(ws(3))).unwrap();
-    // Q 128×128, three stages of K (128×128) and V (128×64) in bf16, plus the alignment slack.
+    // Two Q tiles of 128×128 (`q_buffers`: the second fits), three stages of K (128×128) and V
+    // (128×64) in bf16, plus the alignment slack.
     assert_eq!(
         three.smem_bytes(),
-        1024 + 2 * (128 * 128 + 3 * 128 * (128 + 64))
+        1024 + 2 * (2 * 128 * 128 + 3 * 128 * (128 + 64))
     );
     assert_eq!(
         plan(&plain, Some(ws(4))).unwrap_err(),
@@ -586,14 +587,14 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         }
     );
     // 192 keys per step: two stages fit (Q 32 KiB, K 48 KiB and V 24 KiB per stage at head
-    // dims 128/64), three do not.
+    // dims 128/64; and a second Q tile), three do not.
     let wide = |stages| TileConfig {
         family: KernelFamily::Sm90Ws,
         ..cfg(128, 192, 12, stages)
     };
     assert_eq!(
         plan(&plain, Some(wide(2))).unwrap().smem_bytes(),
-        1024 + 2 * (128 * 128 + 2 * 192 * (128 + 64))
+        1024 + 2 * (2 * 128 * 128 + 2 * 192 * (128 + 64))
     );
     assert!(matches!(
         plan(&plain, Some(wide(3))).unwrap_err(),
@@ -734,9 +735,20 @@ fn packed_plans_take_offsets_and_totals() {
                 "{e:?}"
             );
         }
-        // Same tile rules and shared memory as the forward kernel of the family.
+        // Same tile rules as the forward kernel of the family; shared memory without O's staging
+        // (register stores), and so with a second Q tile wherever one fits.
         let f = plan(&s, Some(p.config)).unwrap();
-        assert_eq!((p.launch, p.config), (f.launch, f.config));
+        assert_eq!(
+            (p.launch.grid, p.launch.threads, p.config),
+            (f.launch.grid, f.launch.threads, f.config)
+        );
+        let q_tiles = forward::q_buffers(&s, &p.config, false);
+        assert_eq!(q_tiles, if family == KernelFamily::Sm90Ws { 2 } else { 1 });
+        assert_eq!(
+            p.launch.smem_bytes,
+            crate::plan::smem_bytes(&s, &p.config)
+                + (q_tiles - 1) * forward::q_tile_bytes(&s, &p.config)
+        );
         // The emitted kernel is the forward skeleton with the packed addressing switched on.
         let src = crate::emit(&p).source;
         assert!(src.contains("constexpr bool VARLEN = true;"));
@@ -798,8 +810,9 @@ fn fp8_forward_plan_and_its_limits() {
         p.operands[6].dims,
         [Extent::Batch, Extent::HeadsKv, Extent::ScaleBlocks]
     );
-    // Q, then three stages of K and Vᵀ, one byte each, after the 1024-byte alignment.
-    assert_eq!(p.smem_bytes(), 1024 + 128 * 128 + 3 * 128 * (128 + 128));
+    // Two Q tiles (`q_buffers`), then three stages of K and Vᵀ, one byte each, after the
+    // 1024-byte alignment.
+    assert_eq!(p.smem_bytes(), 1024 + 2 * 128 * 128 + 3 * 128 * (128 + 128));
     let src = crate::emit(&p).source;
     assert!(src.contains("constexpr bool FP8 = true;"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
@@ -841,9 +854,10 @@ fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
     let (i, o) = p.operand("o").unwrap();
     assert_eq!(o.tma_rows, Some(64));
     assert!(p.args.slots.iter().any(|s| s.field == ArgField::Tma(i)));
+    // The staging, and a second Q tile (`q_buffers`), which still fits beside it.
     assert_eq!(
         p.smem_bytes(),
-        crate::plan::smem_bytes(&causal, &p.config) + 128 * 2 * 128
+        crate::plan::smem_bytes(&causal, &p.config) + 128 * 2 * 128 + 128 * 128 * 2
     );
     assert_eq!(o_staging_bytes(&causal, &p.config), 128 * 2 * 128);
     // Three stages of 128 × 128 (Q 32 KiB + 3 × 64 KiB) leave no room for 32 KiB more.
@@ -855,15 +869,15 @@ fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
         .1
         .tma_rows
         .is_none());
-    // Plain dense at d128 and masks at head dim 64 keep the register stores; plain dense at
-    // head dim 64 stores by TMA, up to 2048 keys (the kernel compares `seq_k`).
+    // Plain dense at d128 keeps the register stores; masks at head dim 64 store by TMA, and so
+    // does plain dense at head dim 64, up to 2048 keys (the kernel compares `seq_k`).
     let mut dense = crate::parse::parse_str("D { head_dim: 128, dtype: bf16 }")
         .unwrap()
         .remove(0);
     assert!(!o_by_tma(&dense, &ws(2)));
     causal.head_dim_qk = 64;
     causal.head_dim_v = 64;
-    assert!(!o_by_tma(&causal, &ws(2)));
+    assert!(o_by_tma(&causal, &ws(2)));
     (dense.head_dim_qk, dense.head_dim_v) = (64, 64);
     assert!(o_by_tma(&dense, &ws(2)));
     assert_eq!(o_tma_max_keys(&dense), 2048);

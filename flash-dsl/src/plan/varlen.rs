@@ -126,8 +126,11 @@ pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan,
     // No block map (see the module docs): the tile walk classifies by the mask's range lookups.
     p.block_map = None;
     p.operands = varlen_operands(spec, &config);
-    // O leaves by register stores (a TMA box could cross into the next sequence): no staging.
-    p.launch.smem_bytes = super::tile::smem_bytes(spec, &config);
+    // O leaves by register stores (a TMA box could cross into the next sequence): no staging,
+    // which may leave room for a second Q tile.
+    p.launch.smem_bytes = super::tile::smem_bytes(spec, &config)
+        + (super::forward::q_buffers(spec, &config, false) - 1)
+            * super::forward::q_tile_bytes(spec, &config);
     let mut scalars = attention_scalars(spec);
     scalars.extend([ArgField::Size(TotalQ), ArgField::Size(TotalK)]);
     p.args = arg_layout(spec, &p.operands, &scalars);
