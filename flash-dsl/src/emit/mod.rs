@@ -319,6 +319,8 @@ fn arg_fields(plan: &KernelPlan) -> Vec<String> {
 pub fn emit(plan: &KernelPlan) -> CudaSource {
     let spec = &plan.spec;
     let cfg = plan.config;
+    // The forward stores O by TMA (its plan gave O's operand TMA boxes).
+    let o_tma = plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some());
     let (mma_type, pack_type) = match spec.dtype {
         DType::F16 => ("f16", "f16x2"),
         DType::Bf16 => ("bf16", "bf16x2"),
@@ -408,15 +410,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             && plan
                 .operand("dq_accum")
                 .is_some_and(|(_, o)| o.tma_rows.is_some()),
-        o_tma: plan.kind == KernelKind::Forward
-            && plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
+        o_tma: plan.kind == KernelKind::Forward && o_tma,
         o_tma_max_keys: crate::plan::forward::o_tma_max_keys(spec),
         q_buffers: if matches!(plan.kind, KernelKind::Forward | KernelKind::ForwardVarlen) {
-            crate::plan::forward::q_buffers(
-                spec,
-                &cfg,
-                plan.operand("o").is_some_and(|(_, o)| o.tma_rows.is_some()),
-            )
+            crate::plan::forward::q_buffers(spec, &cfg, o_tma)
         } else {
             1
         },

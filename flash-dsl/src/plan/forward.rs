@@ -245,10 +245,10 @@ pub fn q_tile_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 }
 
 /// How many Q tiles the sm90ws forward holds: two where a second one fits beside the K/V
-/// stages (and the O staging, when `o_tma`: [`o_by_tma`]), else one. With two, the producer loads the next
-/// work item's Q — and then its first K/V tiles — while the consumers are still in the current
-/// item, instead of after their last Q·Kᵀ of it: on short walks (n 1k, windows, documents) the
-/// consumers otherwise wait for that copy at every item.
+/// stages (and the O staging, when `o_tma`: [`o_by_tma`]), else one. With two, the producer
+/// loads the next work item's Q — and then its first K/V tiles — while the consumers are still
+/// in the current item, instead of after their last Q·Kᵀ of it: on short walks (n 1k, windows,
+/// documents) the consumers otherwise wait for that copy at every item.
 pub fn q_buffers(spec: &VariantSpec, cfg: &TileConfig, o_tma: bool) -> u32 {
     // Three consumer warpgroups (16 warps) run at 160 registers a thread, and the second slot's
     // bookkeeping made the dense d128 192 × 128 consumer spill 8 bytes: they keep one.
@@ -261,6 +261,11 @@ pub fn q_buffers(spec: &VariantSpec, cfg: &TileConfig, o_tma: bool) -> u32 {
     } else {
         1
     }
+}
+
+/// Shared memory of the second Q tile, where [`q_buffers`] gives one (0 otherwise).
+pub fn second_q_bytes(spec: &VariantSpec, cfg: &TileConfig, o_tma: bool) -> u32 {
+    (q_buffers(spec, cfg, o_tma) - 1) * q_tile_bytes(spec, cfg)
 }
 
 /// Plans the forward kernel of `spec` with `config`.
@@ -310,7 +315,7 @@ pub fn plan_forward(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan
                 } else {
                     0
                 }
-                + (q_buffers(spec, &config, o_tma) - 1) * q_tile_bytes(spec, &config),
+                + second_q_bytes(spec, &config, o_tma),
         },
         mask: spec.mask.as_ref().map(|m| analyse_mask(spec, m)),
         kernel_name: kernel_name(KernelKind::Forward, spec, &config),

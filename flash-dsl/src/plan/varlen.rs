@@ -129,8 +129,7 @@ pub fn plan_varlen(spec: &VariantSpec, config: TileConfig) -> Result<KernelPlan,
     // O leaves by register stores (a TMA box could cross into the next sequence): no staging,
     // which may leave room for a second Q tile.
     p.launch.smem_bytes = super::tile::smem_bytes(spec, &config)
-        + (super::forward::q_buffers(spec, &config, false) - 1)
-            * super::forward::q_tile_bytes(spec, &config);
+        + super::forward::second_q_bytes(spec, &config, false);
     let mut scalars = attention_scalars(spec);
     scalars.extend([ArgField::Size(TotalQ), ArgField::Size(TotalK)]);
     p.args = arg_layout(spec, &p.operands, &scalars);
