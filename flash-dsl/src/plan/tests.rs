@@ -648,7 +648,8 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
         192,
         "plain dense at head dim 128 takes three consumer warpgroups too"
     );
-    // Long causal launches at d64 take them too (192 × 192), short ones and d128 not.
+    // Long causal launches take them too (192 × 192 at d64 from 2048 queries, 192 × 128 at
+    // d128 from 8192), short ones not.
     use crate::plan::default_config_for_launch;
     let ws = KernelFamily::Sm90Ws;
     let tile = |s: &VariantSpec, n| {
@@ -657,7 +658,8 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
     };
     assert_eq!(tile(&causal64, 1024), (128, 128));
     assert_eq!(tile(&causal64, 2048), (192, 192));
-    assert_eq!(tile(&causal, 16384), (128, 128));
+    assert_eq!(tile(&causal, 4096), (128, 128));
+    assert_eq!(tile(&causal, 8192), (192, 128));
     // 192-row tiles of masked variants keep register stores.
     let wide128 = TileConfig {
         block_m: 192,

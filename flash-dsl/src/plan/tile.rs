@@ -386,23 +386,31 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 }
 
 /// The default configuration of a launch over `seq_q` queries: [`default_config_for`], except
-/// that a causal mask alone at head dims up to 64 takes three consumer warpgroups and 192 keys
-/// per step (192 × 192, two stages) from [`WIDE_CAUSAL_MIN_QUERIES`] queries on. Measured on an
-/// H200 (`bench/results/ab-shape-defaults/`: the tuner's runs and two A/Bs): causal d64 +8 % at
-/// 2048 queries (tuner), +12 / +17 % at 4096 / 16384 over the 128 × 128 default; at 1024 the
-/// 192-row diagonal tiles lose 6-16 % (more of each is masked, and the walks are short). At
-/// d128 the 192-query causal tile measured −1 / +1.5 % (n 4k / 16k) and is not taken. Other
-/// masks (windows, documents) were not measured with it and keep the default.
+/// that a causal mask alone takes three consumer warpgroups (192 queries) on long launches:
+/// 192 × 192 at head dims up to 64 from [`WIDE_CAUSAL_MIN_QUERIES`] queries, 192 × 128 at head
+/// dims 65 to 128 from [`WIDE_CAUSAL_D128_MIN_QUERIES`]. Measured on an H200:
+/// - d64 (`bench/results/ab-shape-defaults/`: the tuner's runs and two A/Bs): +8 % at 2048
+///   queries (tuner), +12 / +17 % at 4096 / 16384 over the 128 × 128 default; at 1024 the
+///   192-row diagonal tiles lose 6-16 % (more of each is masked, and the walks are short).
+/// - d128 (`bench/results/ab-idle-wg/`), once a warpgroup whose rows all lie past the end
+///   computes nothing: −2.5 % at 4096, +2 % (best of three; +10 % by the median) at 8192,
+///   +9 / +21 % at 16384 in two calls.
+///
+/// Other masks (windows, documents) were not measured with it and keep the default.
 ///
 /// ```
 /// use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
-/// let spec = flash_dsl::parse::parse_str("C { head_dim: 64, dtype: bf16, mask: causal }")
-///     .unwrap()
-///     .remove(0);
+/// let spec = |d| {
+///     let src = format!("C {{ head_dim: {d}, dtype: bf16, mask: causal }}");
+///     flash_dsl::parse::parse_str(&src).unwrap().remove(0)
+/// };
 /// let ws = KernelFamily::Sm90Ws;
-/// assert_eq!(default_config_for_launch(&spec, ws, 1024), default_config_for(&spec, ws));
-/// let long = default_config_for_launch(&spec, ws, 16384);
+/// assert_eq!(default_config_for_launch(&spec(64), ws, 1024), default_config_for(&spec(64), ws));
+/// let long = default_config_for_launch(&spec(64), ws, 16384);
 /// assert_eq!((long.block_m, long.block_n), (192, 192));
+/// assert_eq!(default_config_for_launch(&spec(128), ws, 4096), default_config_for(&spec(128), ws));
+/// let long = default_config_for_launch(&spec(128), ws, 8192);
+/// assert_eq!((long.block_m, long.block_n), (192, 128));
 /// ```
 pub fn default_config_for_launch(
     spec: &VariantSpec,
@@ -415,14 +423,15 @@ pub fn default_config_for_launch(
         && spec.dropout.is_none()
         && spec.sparsity.is_none()
         && spec.fp8.is_none();
-    if family == KernelFamily::Sm90Ws
-        && causal_only
-        && spec.head_dim_qk.max(spec.head_dim_v) <= 64
-        && seq_q >= WIDE_CAUSAL_MIN_QUERIES
-    {
+    let (block_n, min_queries) = match spec.head_dim_qk.max(spec.head_dim_v) {
+        0..=64 => (192, WIDE_CAUSAL_MIN_QUERIES),
+        65..=128 => (128, WIDE_CAUSAL_D128_MIN_QUERIES),
+        _ => return cfg,
+    };
+    if family == KernelFamily::Sm90Ws && causal_only && seq_q >= min_queries {
         let wide = TileConfig {
             block_m: 192,
-            block_n: 192,
+            block_n,
             warps: 16,
             stages: 2,
             family,
@@ -437,6 +446,10 @@ pub fn default_config_for_launch(
 /// From this many queries a causal launch at head dims up to 64 takes 192 × 192 tiles (see
 /// [`default_config_for_launch`]).
 pub const WIDE_CAUSAL_MIN_QUERIES: usize = 2048;
+
+/// From this many queries a causal launch at head dims 65 to 128 takes 192 × 128 tiles (see
+/// [`default_config_for_launch`]).
+pub const WIDE_CAUSAL_D128_MIN_QUERIES: usize = 8192;
 
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {

@@ -13,30 +13,39 @@ use crate::device::{param_args, upload_params};
 use crate::variants::{example, precompile, with};
 
 /// Which forward timings to run (`--time-set`): dense/causal rows of the chosen dtypes and head
-/// dims, the variant workloads (with BigBird and the compile latency), the decode workloads.
+/// dims at the chosen sequence lengths, the variant workloads (with BigBird and the compile
+/// latency), the decode workloads.
 pub struct TimeSet {
     pub dtypes: Vec<DType>,
     pub dims: Vec<usize>,
+    /// Sequence lengths of the dense/causal rows (batch · length = 16384 tokens).
+    pub seqs: Vec<usize>,
     pub variants: bool,
     pub decode: bool,
 }
+
+/// The dense/causal rows' sequence lengths unless `--time-set` names others (peers.py's).
+const DEFAULT_SEQS: [usize; 3] = [1024, 4096, 16384];
 
 impl TimeSet {
     pub fn all() -> TimeSet {
         TimeSet {
             dtypes: vec![DType::Bf16, DType::F16],
             dims: vec![64, 128],
+            seqs: DEFAULT_SEQS.to_vec(),
             variants: true,
             decode: true,
         }
     }
 
-    /// `bf16,d128,variants`: a dtype or head dim named restricts the dense rows to those named
-    /// (none named: all); `variants` and `decode` switch those parts on (off unless named).
+    /// `bf16,d128,n8192,variants`: a dtype, head dim or sequence length (`n` and a power of two
+    /// from 1024 to 16384) named restricts the dense rows to those named (none named: the
+    /// defaults); `variants` and `decode` switch those parts on (off unless named).
     pub fn parse(list: &str) -> Result<TimeSet, String> {
         let mut t = TimeSet {
             dtypes: vec![],
             dims: vec![],
+            seqs: vec![],
             variants: false,
             decode: false,
         };
@@ -48,9 +57,16 @@ impl TimeSet {
                 "d128" => t.dims.push(128),
                 "variants" => t.variants = true,
                 "decode" => t.decode = true,
+                n if n
+                    .strip_prefix('n')
+                    .and_then(|x| x.parse::<usize>().ok())
+                    .is_some_and(|x| x.is_power_of_two() && (1024..=16384).contains(&x)) =>
+                {
+                    t.seqs.push(n[1..].parse().unwrap())
+                }
                 other => {
                     return Err(format!(
-                    "--time-set: unknown part `{other}` (bf16, f16, d64, d128, variants, decode)"
+                    "--time-set: unknown part `{other}` (bf16, f16, d64, d128, n1024 … n16384, variants, decode)"
                 ))
                 }
             }
@@ -60,6 +76,9 @@ impl TimeSet {
         }
         if t.dims.is_empty() {
             t.dims = vec![64, 128];
+        }
+        if t.seqs.is_empty() {
+            t.seqs = DEFAULT_SEQS.to_vec();
         }
         Ok(t)
     }
@@ -219,7 +238,7 @@ pub fn timing(
         let mut bufs = time_bufs(rt, elems, 16384 * 32, dt)?;
         for &d in &set.dims {
             let h = 2048 / d;
-            for n in [1024usize, 4096, 16384] {
+            for &n in &set.seqs {
                 let b = 16384 / n;
                 for causal in [false, true] {
                     let spec = with(&get(if causal { "Causal" } else { "Dense" })?, d as u32, dt);
