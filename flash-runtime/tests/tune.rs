@@ -108,6 +108,7 @@ fn search_prunes_before_timing_and_picks_the_fastest_correct() {
         max_smem: 100 * 1024,
         threads: 4,
         family: None,
+        seq_q: None,
         flops: 1e12,
         exclude: vec![],
         min_gain: 0.0,
@@ -191,6 +192,7 @@ fn sm90a_searches_every_family_and_family_can_be_forced() {
         max_smem: 227 * 1024,
         threads: 2,
         family: None,
+        seq_q: None,
         flops: 0.0,
         exclude: vec![],
         min_gain: 0.0,
@@ -212,6 +214,18 @@ fn sm90a_searches_every_family_and_family_can_be_forced() {
         .find(|c| c.config == cfg(128, 64, 4, 1, KernelFamily::Sm90))
         .unwrap();
     assert!(matches!(&bad.status, Status::Pruned(w) if w.contains("warpgroup")));
+    // A long launch is compared with its own default (192 × 128 tiles for a long causal launch
+    // at d128), not the length-blind one.
+    let long = TuneOptions {
+        seq_q: Some(16384),
+        ..opts.clone()
+    };
+    let r = tune(&s, "sm_90a", &long, &compiler, &mut timer, &mut |_| {}).unwrap();
+    assert_eq!(
+        (r.default.block_m, r.default.block_n, r.default.family),
+        (192, 128, KernelFamily::Sm90Ws)
+    );
+    assert!(r.candidates.iter().any(|c| c.config == r.default));
     let only = TuneOptions {
         family: Some(KernelFamily::Sm80),
         ..opts
@@ -240,6 +254,7 @@ fn no_survivor_is_an_error() {
         max_smem: 227 * 1024,
         threads: 1,
         family: None,
+        seq_q: None,
         flops: 0.0,
         exclude: vec![],
         min_gain: 0.0,
@@ -522,6 +537,7 @@ fn real_compiles_in_parallel() {
         max_smem: 227 * 1024,
         threads: 2,
         family: None,
+        seq_q: None,
         flops: 0.0,
         exclude: vec![],
         min_gain: 0.0,
@@ -586,6 +602,7 @@ fn a_faulting_candidate_aborts_and_can_be_excluded() {
         max_smem: 227 * 1024,
         threads: 2,
         family: None,
+        seq_q: None,
         flops: 0.0,
         exclude: vec![],
         min_gain: 0.0,
@@ -629,6 +646,7 @@ fn the_default_stays_unless_beaten_by_the_margin() {
         max_smem: 227 * 1024,
         threads: 2,
         family: None,
+        seq_q: None,
         flops: 0.0,
         exclude: vec![],
         min_gain: 0.02,

@@ -123,6 +123,7 @@ impl Runtime {
             max_smem: self.info().max_smem_optin,
             threads: 0,
             family: knobs.family,
+            seq_q: Some(shape.seq_q),
             flops,
             exclude: knobs.exclude.clone(),
             min_gain: knobs.min_gain,

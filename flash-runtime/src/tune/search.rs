@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use flash_dsl::plan::{default_config_for, KernelFamily};
+use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
 use flash_dsl::{TileConfig, VariantSpec};
 
 use crate::build::compile_plan;
@@ -79,6 +79,11 @@ pub struct TuneOptions {
     pub threads: usize,
     /// Restrict the search to one kernel family.
     pub family: Option<KernelFamily>,
+    /// Queries of the launch being tuned, where known: the default the candidates are compared
+    /// with is then that launch's ([`default_config_for_launch`]: long causal launches take
+    /// 192-query tiles), not the length-blind [`default_config_for`], so a winner within the
+    /// noise margin never replaces a faster launch default.
+    pub seq_q: Option<usize>,
     /// Useful floating-point operations of one forward pass (for TFLOP/s), 0 if unknown.
     pub flops: f64,
     /// Labels ([`config_label`]) of configurations to leave out.
@@ -152,6 +157,7 @@ impl TuneResult {
 ///     max_smem: 227 * 1024, // H100's opt-in shared memory per block
 ///     threads: 1,
 ///     family: Some(KernelFamily::Sm80),
+///     seq_q: None,
 ///     flops: 0.0,
 ///     exclude: vec![],
 ///     min_gain: 0.0,
@@ -177,7 +183,11 @@ pub fn tune(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<TuneResult, FlashError> {
     let start = Instant::now();
-    let default = default_config_for(spec, opts.family.unwrap_or(KernelFamily::for_arch(arch)));
+    let family = opts.family.unwrap_or(KernelFamily::for_arch(arch));
+    let default = match opts.seq_q {
+        Some(n) => default_config_for_launch(spec, family, n),
+        None => default_config_for(spec, family),
+    };
     let mut cands = prune(spec, arch, opts.family, opts.max_smem, &opts.exclude);
     report_pruned(&cands, progress);
     compile_survivors(spec, &mut cands, opts.threads, compiler, progress);
