@@ -40,9 +40,9 @@ fn every_example_variant_compiles_without_spills() {
             }
         }
     }
-    // Eleven example variants; the causal one at d64 and d128 also in its long-launch tile (two
-    // dtypes each).
-    assert_eq!(jobs.len(), 11 * 2 * 2 * 3 + 4, "eleven example variants");
+    // Eleven example variants; the causal one at d64 and d128 and the prefix-LM one at d128 also
+    // in their long-launch tiles (two dtypes each).
+    assert_eq!(jobs.len(), 11 * 2 * 2 * 3 + 6, "eleven example variants");
     let rows = common::par_map(&jobs, |(spec, arch, cfg)| {
         let p = plan(spec, Some(*cfg)).unwrap();
         let k = compile(&emit(&p), &CompileOptions::new(*arch))

@@ -660,6 +660,19 @@ fn sm90ws_takes_two_or_three_stages_and_overlaps_score_variants() {
     assert_eq!(tile(&causal64, 2048), (192, 192));
     assert_eq!(tile(&causal, 4096), (128, 128));
     assert_eq!(tile(&causal, 8192), (192, 128));
+    // At d128 other masks whose walks grow with the length do too; a band (sliding window) and a
+    // block-map mask (documents) do not.
+    let d128 = |src: &str| crate::parse::parse_str(src).unwrap().remove(0);
+    let prefix = d128(
+        "P { head_dim: 128, dtype: bf16, params: { prefix: i32 }, mask: causal || k < prefix }",
+    );
+    let window = d128("W { head_dim: 128, dtype: bf16, mask: causal && q - k < 1024 }");
+    let window2 = d128("W { head_dim: 128, dtype: bf16, mask: k <= q && k + 1024 > q }");
+    let docs = d128("D { head_dim: 128, dtype: bf16, params: { doc: [i32; seq] }, mask: causal && doc[q] == doc[k] }");
+    assert_eq!(tile(&prefix, 16384), (192, 128));
+    assert_eq!(tile(&window, 16384), (128, 128));
+    assert_eq!(tile(&window2, 16384), (128, 128));
+    assert_eq!(tile(&docs, 16384), (128, 128));
     // 192-row tiles of masked variants keep register stores.
     let wide128 = TileConfig {
         block_m: 192,

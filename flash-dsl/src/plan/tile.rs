@@ -386,9 +386,11 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 }
 
 /// The default configuration of a launch over `seq_q` queries: [`default_config_for`], except
-/// that a causal mask alone takes three consumer warpgroups (192 queries) on long launches:
-/// 192 × 192 at head dims up to 64 from [`WIDE_CAUSAL_MIN_QUERIES`] queries, 192 × 128 at head
-/// dims 65 to 128 from [`WIDE_CAUSAL_D128_MIN_QUERIES`]. Measured on an H200:
+/// that masks alone take three consumer warpgroups (192 queries) on long launches: a causal mask
+/// 192 × 192 at head dims up to 64 from [`WIDE_CAUSAL_MIN_QUERIES`] queries; at head dims 65 to
+/// 128, from [`WIDE_CAUSAL_D128_MIN_QUERIES`], 192 × 128 for every mask the kernels classify
+/// from indices whose walks grow with the length (causal, prefix-LM; not a sliding window's
+/// band). Measured on an H200:
 /// - d64 (`bench/results/ab-shape-defaults/`: the tuner's runs and two A/Bs): +8 % at 2048
 ///   queries (tuner), +12 / +17 % at 4096 / 16384 over the 128 × 128 default; at 1024 the
 ///   192-row diagonal tiles lose 6-16 % (more of each is masked, and the walks are short).
@@ -396,7 +398,10 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 ///   computes nothing: −2.5 % at 4096, +2 % (best of three; +10 % by the median) at 8192,
 ///   +9 / +21 % at 16384 in two calls.
 ///
-/// Other masks (windows, documents) were not measured with it and keep the default.
+/// - d128 at 16384 queries (`bench/results/ab-idle-wg/4-masks/`): prefix-LM +8.8 %, the
+///   1024-wide sliding window −8.2 % (short walks, more of each tile masked): bands keep 128.
+///
+/// Documents (a block map) keep the default; they were not measured with it.
 ///
 /// ```
 /// use flash_dsl::plan::{default_config_for, default_config_for_launch, KernelFamily};
@@ -423,12 +428,20 @@ pub fn default_config_for_launch(
         && spec.dropout.is_none()
         && spec.sparsity.is_none()
         && spec.fp8.is_none();
-    let (block_n, min_queries) = match spec.head_dim_qk.max(spec.head_dim_v) {
-        0..=64 => (192, WIDE_CAUSAL_MIN_QUERIES),
-        65..=128 => (128, WIDE_CAUSAL_D128_MIN_QUERIES),
+    // Masks alone whose walks grow with the length (causal, prefix-LM: no band bounds a
+    // query's keys from below) and that the kernels classify from indices (no block map).
+    let long_walk_mask = spec.mask.as_ref().is_some_and(|m| {
+        !super::block_map::needs_block_map(spec) && !is_band(&super::mask::analyse_mask(spec, m))
+    }) && spec.score.is_none()
+        && spec.dropout.is_none()
+        && spec.sparsity.is_none()
+        && spec.fp8.is_none();
+    let (block_n, min_queries, takes) = match spec.head_dim_qk.max(spec.head_dim_v) {
+        0..=64 => (192, WIDE_CAUSAL_MIN_QUERIES, causal_only),
+        65..=128 => (128, WIDE_CAUSAL_D128_MIN_QUERIES, long_walk_mask),
         _ => return cfg,
     };
-    if family == KernelFamily::Sm90Ws && causal_only && seq_q >= min_queries {
+    if family == KernelFamily::Sm90Ws && takes && seq_q >= min_queries {
         let wide = TileConfig {
             block_m: 192,
             block_n,
@@ -441,6 +454,29 @@ pub fn default_config_for_launch(
         }
     }
     cfg
+}
+
+/// Whether every visible key of a query lies in a band whose lower edge follows the query: the
+/// mask is a conjunction with an affine atom `cq·q + ck·k + c < 0` (or `≤`, or the mirrored `>`)
+/// that bounds `k` from below by an increasing function of `q`, as a sliding window's
+/// `q - k < w` does. Such walks do not grow with the length.
+fn is_band(plan: &super::mask::MaskPlan) -> bool {
+    use super::mask::{CmpOp, MaskTree};
+    let lower_edge = |t: &MaskTree| match t {
+        MaskTree::Atom(i) => {
+            let a = &plan.atoms[*i];
+            match a.op {
+                CmpOp::Lt | CmpOp::Le => a.cq > 0 && a.ck < 0,
+                CmpOp::Gt | CmpOp::Ge => a.cq < 0 && a.ck > 0,
+                CmpOp::Eq | CmpOp::Ne => false,
+            }
+        }
+        _ => false,
+    };
+    match &plan.tree {
+        MaskTree::And(xs) => xs.iter().any(lower_edge),
+        t => lower_edge(t),
+    }
 }
 
 /// From this many queries a causal launch at head dims up to 64 takes 192 × 192 tiles (see
