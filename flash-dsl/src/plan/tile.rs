@@ -397,8 +397,7 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 /// - d128 (`bench/results/ab-idle-wg/`), once a warpgroup whose rows all lie past the end
 ///   computes nothing: −2.5 % at 4096, +2 % (best of three; +10 % by the median) at 8192,
 ///   +9 / +21 % at 16384 in two calls.
-///
-/// - d128 at 16384 queries (`bench/results/ab-idle-wg/4-masks/`): prefix-LM +8.8 %, the
+/// - d128 masks at 16384 queries (`bench/results/ab-idle-wg/4-masks/`): prefix-LM +8.8 %, the
 ///   1024-wide sliding window −8.2 % (short walks, more of each tile masked): bands keep 128.
 ///
 /// Documents (a block map) keep the default; they were not measured with it.
@@ -423,19 +422,19 @@ pub fn default_config_for_launch(
     seq_q: usize,
 ) -> TileConfig {
     let cfg = default_config_for(spec, family);
-    let causal_only = spec.mask.as_ref() == Some(&crate::validate::causal_expr())
-        && spec.score.is_none()
+    // A mask alone: no score hook, dropout, sparsity or fp8 (each keeps its own default).
+    let mask_alone = spec.score.is_none()
         && spec.dropout.is_none()
         && spec.sparsity.is_none()
         && spec.fp8.is_none();
-    // Masks alone whose walks grow with the length (causal, prefix-LM: no band bounds a
-    // query's keys from below) and that the kernels classify from indices (no block map).
-    let long_walk_mask = spec.mask.as_ref().is_some_and(|m| {
-        !super::block_map::needs_block_map(spec) && !is_band(&super::mask::analyse_mask(spec, m))
-    }) && spec.score.is_none()
-        && spec.dropout.is_none()
-        && spec.sparsity.is_none()
-        && spec.fp8.is_none();
+    let causal_only = mask_alone && spec.mask.as_ref() == Some(&crate::validate::causal_expr());
+    // Masks whose walks grow with the length (causal, prefix-LM: no band bounds a query's keys
+    // from below) and that the kernels classify from indices (no block map).
+    let long_walk_mask = mask_alone
+        && spec.mask.as_ref().is_some_and(|m| {
+            !super::block_map::needs_block_map(spec)
+                && !is_band(&super::mask::analyse_mask(spec, m))
+        });
     let (block_n, min_queries, takes) = match spec.head_dim_qk.max(spec.head_dim_v) {
         0..=64 => (192, WIDE_CAUSAL_MIN_QUERIES, causal_only),
         65..=128 => (128, WIDE_CAUSAL_D128_MIN_QUERIES, long_walk_mask),
@@ -483,8 +482,8 @@ fn is_band(plan: &super::mask::MaskPlan) -> bool {
 /// [`default_config_for_launch`]).
 pub const WIDE_CAUSAL_MIN_QUERIES: usize = 2048;
 
-/// From this many queries a causal launch at head dims 65 to 128 takes 192 × 128 tiles (see
-/// [`default_config_for_launch`]).
+/// From this many queries a launch of a mask whose walks grow with the length (causal,
+/// prefix-LM) at head dims 65 to 128 takes 192 × 128 tiles (see [`default_config_for_launch`]).
 pub const WIDE_CAUSAL_D128_MIN_QUERIES: usize = 8192;
 
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
