@@ -57,18 +57,14 @@ impl TimeSet {
                 "d128" => t.dims.push(128),
                 "variants" => t.variants = true,
                 "decode" => t.decode = true,
-                n if n
-                    .strip_prefix('n')
-                    .and_then(|x| x.parse::<usize>().ok())
-                    .is_some_and(|x| x.is_power_of_two() && (1024..=16384).contains(&x)) =>
-                {
-                    t.seqs.push(n[1..].parse().unwrap())
-                }
-                other => {
-                    return Err(format!(
-                    "--time-set: unknown part `{other}` (bf16, f16, d64, d128, n1024 … n16384, variants, decode)"
-                ))
-                }
+                other => match other.strip_prefix('n').and_then(|x| x.parse::<usize>().ok()) {
+                    Some(n) if n.is_power_of_two() && (1024..=16384).contains(&n) => t.seqs.push(n),
+                    _ => {
+                        return Err(format!(
+                        "--time-set: unknown part `{other}` (bf16, f16, d64, d128, n1024 … n16384, variants, decode)"
+                    ))
+                    }
+                },
             }
         }
         if t.dtypes.is_empty() {
