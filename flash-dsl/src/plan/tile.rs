@@ -388,7 +388,7 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
 /// The default configuration of a launch over `seq_q` queries: [`default_config_for`], except
 /// that masks alone take three consumer warpgroups (192 queries) on long launches: a causal mask
 /// 192 × 192 at head dims up to 64 from [`WIDE_CAUSAL_MIN_QUERIES`] queries; at head dims 65 to
-/// 128, from [`WIDE_CAUSAL_D128_MIN_QUERIES`], 192 × 128 for every mask the kernels classify
+/// 128, from [`WIDE_MASK_D128_MIN_QUERIES`], 192 × 128 for every mask the kernels classify
 /// from indices whose walks grow with the length (causal, prefix-LM; not a sliding window's
 /// band). Measured on an H200:
 /// - d64 (`bench/results/ab-shape-defaults/`: the tuner's runs and two A/Bs): +8 % at 2048
@@ -437,7 +437,7 @@ pub fn default_config_for_launch(
         });
     let (block_n, min_queries, takes) = match spec.head_dim_qk.max(spec.head_dim_v) {
         0..=64 => (192, WIDE_CAUSAL_MIN_QUERIES, causal_only),
-        65..=128 => (128, WIDE_CAUSAL_D128_MIN_QUERIES, long_walk_mask),
+        65..=128 => (128, WIDE_MASK_D128_MIN_QUERIES, long_walk_mask),
         _ => return cfg,
     };
     if family == KernelFamily::Sm90Ws && takes && seq_q >= min_queries {
@@ -484,7 +484,7 @@ pub const WIDE_CAUSAL_MIN_QUERIES: usize = 2048;
 
 /// From this many queries a launch of a mask whose walks grow with the length (causal,
 /// prefix-LM) at head dims 65 to 128 takes 192 × 128 tiles (see [`default_config_for_launch`]).
-pub const WIDE_CAUSAL_D128_MIN_QUERIES: usize = 8192;
+pub const WIDE_MASK_D128_MIN_QUERIES: usize = 8192;
 
 /// The default sm80 (`mma.sync`) tile configuration for a spec, by its larger head dim.
 pub fn default_config(spec: &VariantSpec) -> TileConfig {
