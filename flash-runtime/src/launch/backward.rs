@@ -106,6 +106,24 @@ fn frozen_params(spec: &VariantSpec, grads: &BackwardGrads<'_>) -> Option<Vec<us
     (!frozen.is_empty()).then_some(frozen)
 }
 
+/// The main kernels pack a step of their walk, (query head of the KV group, query tile), into
+/// one i32: the tile in the low bits (as many as the tile count needs), the head above them
+/// (`next_step` in the backward templates). A launch whose steps do not fit is refused.
+pub(crate) fn walk_fits(
+    name: &str,
+    group: usize,
+    seq_q: usize,
+    block_m: usize,
+) -> Result<(), FlashError> {
+    let tile_slots = seq_q.div_ceil(block_m.max(1)).next_power_of_two();
+    if group.saturating_mul(tile_slots) > i32::MAX as usize {
+        return Err(invalid(format!(
+            "`{name}`: the backward walks {group} query heads per KV head × {tile_slots} query-tile slots ({seq_q} queries in tiles of {block_m}), more than its 2^31 steps; use fewer query heads per KV head or a shorter sequence"
+        )));
+    }
+    Ok(())
+}
+
 fn flat(ptr: u64, len: usize, ctx: usize) -> OperandArg {
     OperandArg::flat(ptr, len, ElemType::F32, ctx)
 }
@@ -188,6 +206,12 @@ impl Runtime {
 
         // Scratch sized from Q; every launch below checks it against its own operands.
         let [b, sq, hq, dqk] = input.q.desc.shape;
+        walk_fits(
+            &spec.name,
+            hq / input.k.desc.shape[2].max(1),
+            sq,
+            main.plan.config.block_m as usize,
+        )?;
         let n_delta = (b * hq * sq).max(1);
         let n_acc = (b * sq * hq * dqk).max(1);
         // Not zeroed here: the pre-processing kernel writes every row of delta and zeroes every

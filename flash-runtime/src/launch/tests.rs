@@ -418,3 +418,19 @@ fn a_chunk_cannot_have_more_new_tokens_than_its_cached_length() {
         "{e}"
     );
 }
+
+#[test]
+fn a_backward_walk_past_2_pow_31_steps_is_refused_by_name() {
+    use super::backward::walk_fits;
+    // 16 heads per KV head × 64 tiles of 64 queries: far inside.
+    assert!(walk_fits("v", 16, 4096, 64).is_ok());
+    // 2^8 heads × 2^23 tile slots (2^29 queries) = 2^31 steps: one past the last int.
+    let e = walk_fits("v", 256, 1 << 29, 64).unwrap_err().to_string();
+    assert!(
+        e.contains("256 query heads per KV head") && e.contains("8388608 query-tile slots"),
+        "{e}"
+    );
+    // The tile count rounds up to a power of two: 255 heads × (2^23 + 1 tiles → 2^24 slots).
+    assert!(walk_fits("v", 255, (1 << 29) + 64, 64).is_err());
+    assert!(walk_fits("v", 255, 1 << 29, 64).is_ok());
+}
