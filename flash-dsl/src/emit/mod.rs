@@ -141,6 +141,8 @@ struct Context {
     early_p: bool,
     /// The wgmma backward adds dQ by TMA reductions from staged tiles (`plan::backward::dq_by_tma`).
     dq_tma: bool,
+    /// The wgmma backward stores dK and dV by TMA from staged tiles (`plan::backward::dkdv_by_tma`).
+    dkdv_tma: bool,
     /// The sm90ws forward writes O by TMA stores from staged tiles (`plan::forward::o_by_tma`).
     o_tma: bool,
     /// ... up to this many keys (`plan::forward::o_tma_max_keys`), by register stores beyond.
@@ -409,6 +411,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         dq_tma: plan.kind == KernelKind::BackwardMain
             && plan
                 .operand("dq_accum")
+                .is_some_and(|(_, o)| o.tma_rows.is_some()),
+        dkdv_tma: plan.kind == KernelKind::BackwardMain
+            && plan
+                .operand("dk")
                 .is_some_and(|(_, o)| o.tma_rows.is_some()),
         o_tma: plan.kind == KernelKind::Forward && o_tma,
         o_tma_max_keys: crate::plan::forward::o_tma_max_keys(spec),

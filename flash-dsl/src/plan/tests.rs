@@ -898,3 +898,38 @@ fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
     assert_eq!(o_tma_max_keys(&dense), 2048);
     assert_eq!(o_tma_max_keys(&causal), i32::MAX as u32);
 }
+
+/// The wgmma backward stores dK and dV by TMA (64-row boxes of a warpgroup's keys, staged over
+/// the dSᵀ buffers and dQ's staging tiles) where dQ goes by TMA and the boxes fit those buffers;
+/// the deterministic mode (no dQ staging tiles) and the sm80 kernel keep the register stores,
+/// and so does the 128-query step at head dim 64, whose dQ staging does not fit.
+#[test]
+fn the_wgmma_backward_stores_dk_and_dv_by_tma_where_the_boxes_fit() {
+    use crate::plan::backward::{dkdv_by_tma, dq_by_tma, plan_backward_main_with};
+    let sm90 = |bm| TileConfig {
+        family: KernelFamily::Sm90,
+        ..cfg(bm, 128, 8, 1)
+    };
+    let mut s = crate::parse::parse_str("C { head_dim: 128, dtype: bf16, mask: q >= k }")
+        .unwrap()
+        .remove(0);
+    let p = plan_backward_main_with(&s, sm90(64), false).unwrap();
+    for name in ["dk", "dv"] {
+        let (i, o) = p.operand(name).unwrap();
+        assert_eq!(o.tma_rows, Some(64), "{name}");
+        assert!(p.args.slots.iter().any(|x| x.field == ArgField::Tma(i)));
+    }
+    // The boxes reuse buffers: no shared memory beyond the dQ staging.
+    assert_eq!(
+        p.smem_bytes(),
+        crate::plan::backward::backward_smem_bytes(&s, &p.config)
+            + crate::plan::backward::dq_staging_bytes(&s, &p.config)
+    );
+    let det = plan_backward_main_with(&s, sm90(64), true).unwrap();
+    assert!(!dkdv_by_tma(&s, &sm90(64), true));
+    assert!(det.operand("dk").unwrap().1.tma_rows.is_none());
+    assert!(!dkdv_by_tma(&s, &cfg(64, 128, 8, 1), false));
+    (s.head_dim_qk, s.head_dim_v) = (64, 64);
+    assert!(!dq_by_tma(&s, &sm90(128), false));
+    assert!(!dkdv_by_tma(&s, &sm90(128), false));
+}

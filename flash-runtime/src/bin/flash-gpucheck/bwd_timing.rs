@@ -129,6 +129,16 @@ fn time_one(
     Ok(times[times.len() / 2])
 }
 
+/// Whether the timing row `key` (`causal-d128/16384`, `det-dense/4096`, `document_causal/4096`)
+/// is to run: every row unless `FLASH_BWD_ROWS` lists comma-separated parts, one of which the key
+/// contains (so a profile or an A/B can launch only the workloads it studies).
+fn wanted_row(key: &str) -> bool {
+    match std::env::var("FLASH_BWD_ROWS") {
+        Ok(list) if !list.is_empty() => list.split(',').any(|p| key.contains(p)),
+        _ => true,
+    }
+}
+
 pub fn timing_backward(
     rt: &Runtime,
     specs: &[VariantSpec],
@@ -154,6 +164,10 @@ pub fn timing_backward(
         for n in [4096usize, 16384] {
             let b = 16384 / n;
             for causal in [false, true] {
+                let label = if causal { "causal" } else { "dense" };
+                if !wanted_row(&format!("{label}-d{d}/{n}")) {
+                    continue;
+                }
                 let spec = dense(causal, d)?;
                 let none = ParamValues::none();
                 let ms = time_one(rt, &mut bb, &spec, &none, (b, n, h), false, None, false)?;
@@ -193,6 +207,12 @@ pub fn timing_backward(
     for causal in [false, true] {
         let (d, n) = (128usize, 4096usize);
         let (b, h) = (16384 / n, 2048 / d);
+        if !wanted_row(&format!(
+            "det-{}/{n}",
+            if causal { "causal" } else { "dense" }
+        )) {
+            continue;
+        }
         let spec = dense(causal, d)?;
         let ms = time_one(
             rt,
@@ -216,6 +236,9 @@ pub fn timing_backward(
         let b = 16384 / n;
         let (docs, cases) = variant_workloads(n, h);
         for (label, name, pv) in cases {
+            if !wanted_row(&format!("{label}/{n}")) {
+                continue;
+            }
             let spec = with(&get(name)?, 128, DType::Bf16);
             let dens = density(label, n, &docs);
             // As the peers run it (their score params carry no gradient: frozen here), then,

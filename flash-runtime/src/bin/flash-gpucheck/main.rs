@@ -57,6 +57,9 @@
 //! NVRTC compile and warm disk-cache load latency. Rows go to `--json`. `--time-set LIST` (comma
 //! separated: `bf16`, `f16`, `d64`, `d128`, `variants`, `decode`) times only those parts, so that
 //! an A/B of two builds fits in one device call; dtypes and head dims select dense/causal rows.
+//! The backward timings take `FLASH_BWD_ROWS` from the environment: comma-separated parts, a row
+//! running when its key (`causal-d128/16384`, `det-dense/4096`, `document_causal/4096`) contains
+//! one of them (a profile or an A/B then launches only the workloads it studies).
 
 mod backward;
 mod blockmap;
