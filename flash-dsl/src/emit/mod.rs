@@ -139,6 +139,9 @@ struct Context {
     deterministic: bool,
     /// The wgmma backward forms P early (see `plan::backward::early_p`).
     early_p: bool,
+    /// The wgmma backward's warpgroups take their parts of a step by the classes its block map
+    /// records (`part_class`): where P forms early and the map records parts.
+    part_skip: bool,
     /// The wgmma backward adds dQ by TMA reductions from staged tiles (`plan::backward::dq_by_tma`).
     dq_tma: bool,
     /// The wgmma backward stores dK and dV by TMA from staged tiles (`plan::backward::dkdv_by_tma`).
@@ -160,6 +163,8 @@ struct Context {
     has_block_map: bool,
     /// The map's rows are key tiles (the backward's map).
     map_along_keys: bool,
+    /// The 64-key parts whose classes a map entry records (`BlockMapPlan::sub_tiles`).
+    map_subs: u32,
     /// The map has one slot per batch / per query head.
     map_per_batch: bool,
     map_per_head: bool,
@@ -408,6 +413,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         grad_fix_body: grads.fix,
         deterministic: plan.deterministic,
         early_p: plan.kind == KernelKind::BackwardMain && crate::plan::backward::early_p(spec),
+        part_skip: plan.kind == KernelKind::BackwardMain
+            && crate::plan::backward::early_p(spec)
+            && plan.block_map.is_some_and(|m| m.sub_tiles() >= 2),
         dq_tma: plan.kind == KernelKind::BackwardMain
             && plan
                 .operand("dq_accum")
@@ -443,6 +451,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         layout_per_head: spec.sparsity.is_some_and(|sp| sp.per_head),
         has_block_map: plan.block_map.is_some(),
         map_along_keys: plan.block_map.is_some_and(|m| m.along_keys),
+        map_subs: plan.block_map.map_or(0, |m| m.sub_tiles()),
         map_per_batch: plan.block_map.is_some_and(|m| m.per_batch),
         map_per_head: plan.block_map.is_some_and(|m| m.per_head),
         paged,

@@ -417,6 +417,96 @@ fn block_maps_are_planned_only_for_masks_that_read_tensors() {
     assert_eq!(m.slot(2, 4, 5), 4);
 }
 
+/// The backward's map of 128-key tiles records the class of each 64-key part (the part a
+/// warpgroup owns) exactly: empty when no element of it is visible, full when every element is
+/// and it does not run past either sequence, partial otherwise; the tile's own partial bit is
+/// set unless both parts are full. Only that map carries parts.
+#[test]
+fn backward_map_entries_record_their_parts() {
+    let doc = parse_one(DOC);
+    let mut rng = crate::rng::SplitMix(7);
+    let (tq, tk) = (64usize, 128usize);
+    assert_eq!(
+        BlockMapPlan::for_spec(&doc, 64, 128, false)
+            .unwrap()
+            .sub_tiles(),
+        0
+    );
+    assert_eq!(
+        BlockMapPlan::for_spec(&doc, 64, 64, true)
+            .unwrap()
+            .sub_tiles(),
+        0
+    );
+    let m = BlockMapPlan::for_spec(&doc, 64, 128, true).unwrap();
+    assert_eq!((m.sub_tiles(), m.entry_shift()), (2, 5));
+    let (mut empty, mut full) = (0, 0);
+    for (sq, sk) in [(130, 77), (300, 113), (257, 257), (640, 640)] {
+        let n = sq.max(sk);
+        let mut ids: Vec<i64> = (0..n).map(|_| rng.below(5) as i64).collect();
+        ids.sort();
+        let pv = ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)]);
+        let eval = crate::eval::Env::new(
+            &doc,
+            &pv,
+            crate::eval::Sizes {
+                batch: 1,
+                heads: 1,
+                seq_q: sq,
+                seq_k: sk,
+            },
+        );
+        let visible = |q: usize, k: usize| {
+            eval.mask(&crate::eval::Point {
+                b: 0,
+                h: 0,
+                q: q as i64,
+                k: k as i64,
+                s: 0.0,
+            })
+        };
+        let words = host_block_map(&doc, &m, &pv, 1, 1, sq, sk);
+        let width = m.cols(sq, sk) + 1;
+        for kt in 0..m.rows(sq, sk) {
+            let row = &words[kt * width..(kt + 1) * width];
+            let listed = block_map::map_row(&words, &m, 0, kt, sq, sk);
+            for (i, &e) in row[1..=row[0] as usize].iter().enumerate() {
+                let qt = (e >> 5) as usize;
+                assert_eq!(listed[i], (qt, e & 1 == 1), "map_row decodes the entry");
+                let (q0, q1) = (qt * tq, (qt * tq + tq).min(sq) - 1);
+                let mut all_full = true;
+                for part in 0..2 {
+                    let ks0 = kt * tk + 64 * part;
+                    let class = (e >> (1 + 2 * part)) & 3;
+                    let ks1 = (ks0 + 63).min(sk.saturating_sub(1));
+                    let vis: Vec<bool> = if ks0 >= sk {
+                        Vec::new()
+                    } else {
+                        (q0..=q1)
+                            .flat_map(|q| (ks0..=ks1).map(move |k| (q, k)))
+                            .map(|(q, k)| visible(q, k))
+                            .collect()
+                    };
+                    let over = q0 + tq > sq || ks0 + 64 > sk;
+                    let want = if !vis.iter().any(|v| *v) {
+                        0
+                    } else if !over && vis.iter().all(|v| *v) {
+                        2
+                    } else {
+                        1
+                    };
+                    assert_eq!(class, want, "{sq}x{sk} tile {qt},{kt} part {part}");
+                    empty += (class == 0) as usize;
+                    full += (class == 2) as usize;
+                    all_full &= class == 2;
+                }
+                assert_eq!(e & 1 == 1, !all_full, "{sq}x{sk} tile {qt},{kt}");
+            }
+        }
+    }
+    assert!(empty > 0 && full > 0, "the cases hold empty and full parts");
+}
+
 /// The host map agrees with the kernels' three-valued classification wherever that is definite,
 /// and lists exactly the tiles holding a visible element (brute force over every element).
 #[test]
