@@ -417,6 +417,32 @@ fn block_maps_are_planned_only_for_masks_that_read_tensors() {
     assert_eq!(m.slot(2, 4, 5), 4);
 }
 
+/// Sorted document ids in `0..docs` for `n` positions: the `doc` param of [`DOC`].
+fn sorted_doc_ids(rng: &mut crate::rng::SplitMix, n: usize, docs: u64) -> ParamValues {
+    let mut ids: Vec<i64> = (0..n).map(|_| rng.below(docs) as i64).collect();
+    ids.sort();
+    ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)])
+}
+
+/// The evaluator of `spec` over one batch element and one head of `sq` queries and `sk` keys.
+fn one_sequence_env<'a>(
+    spec: &'a VariantSpec,
+    pv: &'a ParamValues,
+    sq: usize,
+    sk: usize,
+) -> crate::eval::Env<'a> {
+    crate::eval::Env::new(
+        spec,
+        pv,
+        crate::eval::Sizes {
+            batch: 1,
+            heads: 1,
+            seq_q: sq,
+            seq_k: sk,
+        },
+    )
+}
+
 /// The backward's map of 128-key tiles records the class of each 64-key part (the part a
 /// warpgroup owns) exactly: empty when no element of it is visible, full when every element is
 /// and it does not run past either sequence, partial otherwise; the tile's own partial bit is
@@ -442,20 +468,8 @@ fn backward_map_entries_record_their_parts() {
     assert_eq!((m.sub_tiles(), m.entry_shift()), (2, 5));
     let (mut empty, mut full) = (0, 0);
     for (sq, sk) in [(130, 77), (300, 113), (257, 257), (640, 640)] {
-        let n = sq.max(sk);
-        let mut ids: Vec<i64> = (0..n).map(|_| rng.below(5) as i64).collect();
-        ids.sort();
-        let pv = ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)]);
-        let eval = crate::eval::Env::new(
-            &doc,
-            &pv,
-            crate::eval::Sizes {
-                batch: 1,
-                heads: 1,
-                seq_q: sq,
-                seq_k: sk,
-            },
-        );
+        let pv = sorted_doc_ids(&mut rng, sq.max(sk), 5);
+        let eval = one_sequence_env(&doc, &pv, sq, sk);
         let visible = |q: usize, k: usize| {
             eval.mask(&crate::eval::Point {
                 b: 0,
@@ -514,21 +528,9 @@ fn host_block_maps_are_exact() {
     let doc = parse_one(DOC);
     let mut rng = crate::rng::SplitMix(99);
     for (sq, sk) in [(1, 1), (17, 40), (300, 113), (257, 257)] {
-        let n = sq.max(sk);
-        let mut ids: Vec<i64> = (0..n).map(|_| rng.below(6) as i64).collect();
-        ids.sort();
-        let pv = ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)]);
+        let pv = sorted_doc_ids(&mut rng, sq.max(sk), 6);
         let env = TileEnv::new(0, 0, sq, sk, &pv);
-        let eval = crate::eval::Env::new(
-            &doc,
-            &pv,
-            crate::eval::Sizes {
-                batch: 1,
-                heads: 1,
-                seq_q: sq,
-                seq_k: sk,
-            },
-        );
+        let eval = one_sequence_env(&doc, &pv, sq, sk);
         let mask = doc.mask.as_ref().map(|m| analyse_mask(&doc, m)).unwrap();
         for along_keys in [false, true] {
             let m = BlockMapPlan::for_spec(&doc, 64, 32, along_keys).unwrap();
