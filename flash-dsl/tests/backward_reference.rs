@@ -9,7 +9,8 @@ use std::path::Path;
 use flash_dsl::deriv::{score_gradient, ScoreGradient};
 use flash_dsl::eval::{tensor_shape, Env, ParamValue, ParamValues, Point};
 use flash_dsl::model::backward::{
-    backward, backward_lowp, backward_with, element_offset, Gradients, ScoreDerivative,
+    backward, backward_lowp, backward_stored_o, backward_with, element_offset, Gradients,
+    ScoreDerivative,
 };
 use flash_dsl::model::reference::{forward, max_abs_diff, round_bf16, round_f16, Problem};
 use flash_dsl::rng::SplitMix;
@@ -416,6 +417,29 @@ fn lowp_backward_without_rounding_is_the_float64_backward() {
             let f32_only = backward_lowp(&spec, &p, &dout, |x| x);
             assert_grads_close(&f32_only, &exact, 1e-5, &stem);
         }
+    }
+}
+
+#[test]
+fn stored_o_moves_d_only() {
+    // With the exact O stored, the gradients are the float64 backward's; with O rounded to
+    // bf16, dV (which does not read D) is unchanged and dQ, dK move — by exactly the D-term:
+    // on a row whose only visible keys are two, the exact D and the rounded one differ.
+    for (stem, spec) in examples() {
+        let spec = shrink(&spec, 16, 16);
+        let p = problem(&spec, 1, 4, 2, 17, 33, 11);
+        let dout = dout_for(&spec, &p, 12);
+        let exact = backward(&spec, &p, &dout);
+        let o = forward(&spec, &p).o;
+        let same = backward_stored_o(&spec, &p, &dout, &o);
+        assert_grads_close(&same, &exact, 1e-12, &stem);
+        let rounded: Vec<f64> = o.iter().map(|&x| round_bf16(x as f32) as f64).collect();
+        let moved = backward_stored_o(&spec, &p, &dout, &rounded);
+        assert_eq!(moved.dv, exact.dv, "{stem}: dV reads no D");
+        assert!(
+            max_abs_diff(&moved.dq, &exact.dq) > 0.0 && max_abs_diff(&moved.dq, &exact.dq) < 0.05,
+            "{stem}: dQ moves a little"
+        );
     }
 }
 

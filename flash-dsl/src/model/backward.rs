@@ -253,6 +253,43 @@ pub fn backward_with(
     dout: &[f64],
     how: &mut dyn ScoreDerivative,
 ) -> Gradients {
+    backward_from(spec, p, dout, how, None)
+}
+
+/// [`backward`] with `D = rowsum(dO∘O)` read from `stored_o` (`[batch, seq_q, heads_q,
+/// head_dim_v]`) instead of the exact O: FlashAttention's backward reads the O its forward
+/// stored, rounded to the dtype. Against [`backward`] this isolates the error that rounding
+/// alone puts into dQ, dK and the parameter gradients (dV does not read D) — an error the plain
+/// implementation, which forms D from P∘dP, does not have, and which dominates on rows with
+/// few visible keys (two keys: D is one rounded O against an exact sum). The GPU check allows
+/// it on top of FlashAttention's 2× rule.
+pub fn backward_stored_o(
+    spec: &VariantSpec,
+    p: &Problem,
+    dout: &[f64],
+    stored_o: &[f64],
+) -> Gradients {
+    assert_eq!(
+        stored_o.len(),
+        dout.len(),
+        "the stored O has the shape of dO"
+    );
+    backward_from(
+        spec,
+        p,
+        dout,
+        &mut NumericDerivative::new(spec, &p.params),
+        Some(stored_o),
+    )
+}
+
+fn backward_from(
+    spec: &VariantSpec,
+    p: &Problem,
+    dout: &[f64],
+    how: &mut dyn ScoreDerivative,
+    stored_o: Option<&[f64]>,
+) -> Gradients {
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
     check_dout(p, dout, dv);
@@ -290,8 +327,12 @@ pub fn backward_with(
                     let w = w * drop.at(b, h, i, j);
                     o.iter_mut().zip(vrow).for_each(|(o, v)| *o += w * v);
                 }
-                let dorow = &dout[Problem::row(b, i, h, p.seq_q, p.heads_q, dv)..][..dv];
-                let d = dot(dorow, &o);
+                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
+                let dorow = &dout[orow..][..dv];
+                let d = match stored_o {
+                    Some(so) => dot(dorow, &so[orow..][..dv]),
+                    None => dot(dorow, &o),
+                };
                 for (&(j, pt, _), &w) in scores.iter().zip(&probs) {
                     if w == 0.0 {
                         continue;
