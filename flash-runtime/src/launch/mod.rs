@@ -173,6 +173,10 @@ impl Runtime {
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("creating a context", e))?;
         let stream = ctx.default_stream();
+        if ctx.has_async_alloc() {
+            ffi::keep_pool_memory(ctx.cu_device())
+                .map_err(|e| driver("keeping freed memory in the default pool", e))?;
+        }
         let attr = |a: CUdevice_attribute| {
             ctx.attribute(a)
                 .map_err(|e| driver("cuDeviceGetAttribute", e))
