@@ -67,6 +67,20 @@ pub fn default_backward_config_for(spec: &VariantSpec, family: KernelFamily) -> 
         {
             hopper
         }
+        // Head dims above 128: the mma.sync kernel (the wgmma kernel's K, V and three Q/dO
+        // stages need more than 227 KB there), 128 keys per block where they fit, else 64.
+        _ if spec.head_dim_qk > 128 || spec.head_dim_v > 128 => {
+            let narrow = TileConfig {
+                block_n: 64,
+                warps: 4,
+                ..default_backward_config()
+            };
+            if backward_config_is_valid(spec, &default_backward_config()).is_ok() {
+                default_backward_config()
+            } else {
+                narrow
+            }
+        }
         _ => default_backward_config(),
     }
 }
@@ -101,13 +115,16 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
         && (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages) == (128, 128, 8, 1)
         && spec.head_dim_qk <= 64
         && spec.head_dim_v <= 64;
+    // Above 128, only the mma.sync kernel: its dK and dV stay in registers (16 keys per warp)
+    // and spill there, so it is correct but slow (about 70–420 bytes of spills at 160–192,
+    // thousands at 256, measured by NVRTC for sm_90a); the wgmma kernel's tiles do not fit.
+    let big = spec.head_dim_qk > 128 || spec.head_dim_v > 128;
     if !(wide_m
         || matches!(
             (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
             (64, 64, 4, 1) | (64, 128, 8, 1)
         ))
-        || spec.head_dim_qk > 128
-        || spec.head_dim_v > 128
+        || (big && cfg.family != KernelFamily::Sm80)
     {
         return Err(PlanError::Backward {
             family: cfg.family,
@@ -117,6 +134,13 @@ pub fn backward_config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<
             stages: cfg.stages,
             dqk: spec.head_dim_qk,
             dv: spec.head_dim_v,
+        });
+    }
+    let bytes = backward_smem_bytes(spec, cfg);
+    if bytes > super::tile::MAX_SMEM_BYTES {
+        return Err(PlanError::SharedMemory {
+            bytes,
+            limit: super::tile::MAX_SMEM_BYTES,
         });
     }
     Ok(())
@@ -554,6 +578,53 @@ mod tests {
     }
 
     #[test]
+    fn head_dims_above_128_take_the_mma_sync_kernel_where_it_fits() {
+        let at = |d: u32| {
+            let mut s = spec("A { head_dim: 64, dtype: bf16, mask: causal }");
+            s.head_dim_qk = d;
+            s.head_dim_v = d;
+            s
+        };
+        for d in [160, 192, 256] {
+            let s = at(d);
+            for fam in [KernelFamily::Sm90, KernelFamily::Sm80] {
+                let cfg = default_backward_config_for(&s, fam);
+                assert_eq!(cfg.family, KernelFamily::Sm80, "d {d}");
+                assert!(backward_config_is_valid(&s, &cfg).is_ok(), "d {d}: {cfg:?}");
+                assert!(backward_smem_bytes(&s, &cfg) <= super::super::tile::MAX_SMEM_BYTES);
+            }
+            // The wgmma kernel is not built above 128, with a message naming the head dims.
+            let hopper = TileConfig {
+                family: KernelFamily::Sm90,
+                ..default_backward_config()
+            };
+            let e = backward_config_is_valid(&s, &hopper)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("head dims {d}/{d}")), "{e}");
+        }
+        // At 256 the 128-key block needs more than 227 KB: 64 keys, and the error says so.
+        let s = at(256);
+        assert_eq!(
+            default_backward_config_for(&s, KernelFamily::Sm90).block_n,
+            64
+        );
+        let e = backward_config_is_valid(&s, &default_backward_config())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shared memory") && e.contains("232448"), "{e}");
+        assert_eq!(
+            default_backward_config_for(&at(192), KernelFamily::Sm90).block_n,
+            128
+        );
+        // At 128 and below nothing changes.
+        assert_eq!(
+            default_backward_config_for(&at(128), KernelFamily::Sm90).family,
+            KernelFamily::Sm90
+        );
+    }
+
+    #[test]
     fn the_pipeline_is_pre_main_convert_with_their_operands() {
         let s = spec(
             "A { head_dim: 64, dtype: bf16, params: { slopes: [f32; heads], n: i32 }, \
@@ -673,11 +744,19 @@ mod tests {
 
     #[test]
     fn backward_configs_name_the_value_and_the_limit() {
+        // Above 128 the wgmma kernel is not built; the mma.sync kernel's 128 keys at 256 need
+        // more shared memory than a block may have.
         let s = spec("C { head_dim: 256, dtype: f16, mask: causal }");
+        let hopper = TileConfig {
+            family: KernelFamily::Sm90,
+            ..default_backward_config()
+        };
+        let e = backward_pipeline(&s, hopper).unwrap_err().to_string();
+        assert!(e.contains("up to 128") && e.contains("256"), "{e}");
         let e = backward_pipeline(&s, default_backward_config())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("up to 128") && e.contains("256"), "{e}");
+        assert!(e.contains("279552") && e.contains("232448"), "{e}");
         let s = spec("C { head_dim: 64, dtype: f16, mask: causal }");
         let mut cfg = default_backward_config();
         cfg.block_n = 32;

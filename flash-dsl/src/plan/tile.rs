@@ -147,7 +147,7 @@ pub enum PlanError {
     },
     /// The backward kernel of `family` does not support this tile or these head dims.
     #[error(
-        "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages; the Sm90 kernel also 128x128x8x1 at head dims up to 64) and head dims up to 128; got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
+        "the {family:?} backward kernel takes 64x64x4x1 or 64x128x8x1 (block_m x block_n x warps x stages; the Sm90 kernel also 128x128x8x1 at head dims up to 64) and head dims up to 128 (the Sm80 kernel up to 256, in 227 KB of shared memory); got {block_m}x{block_n}x{warps}x{stages}, head dims {dqk}/{dv}"
     )]
     Backward {
         /// The family asked for.

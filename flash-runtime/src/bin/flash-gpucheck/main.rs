@@ -1,7 +1,7 @@
 //! `flash-gpucheck`: correctness and timing of the generated kernels on a real GPU.
 //!
 //! ```text
-//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--json OUT.json]
+//! flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--bwd-head-dims LIST] [--json OUT.json]
 //! ```
 //!
 //! **Decode** (with the forward's timings, or alone with `--decode-only`, or `--decode-sweep`
@@ -49,7 +49,10 @@
 //! `max|O − ref| ≤ 2·max|O_plain − ref|` against the float64 reference, `O_plain` being the plain
 //! same-precision implementation; LSE within 1e-3 (relative above 1) and `-inf` exactly where
 //! the reference's is; fully masked rows exactly 0; no NaN; nothing written outside O's view.
-//! `--small` keeps the small shapes (for compute-sanitizer). Exit status 1 on any failure.
+//! `--small` keeps the small shapes (for compute-sanitizer). `--bwd-head-dims LIST` checks the
+//! backward at those head dims only, each `D` or `DQK/DV` (default 64, 96, 128, 192, 128/64 and
+//! 192/128 — above 128 the mma.sync kernel alone; with `--small` 64 and 128). Exit status 1 on
+//! any failure.
 //!
 //! **Time.** Dense/causal workloads (bf16, f16; d 64, 128; seq 1024, 4096, 16384 with
 //! batch·seq = 16384 and heads = 2048/d) and the variant workloads of `bench/peers.py`
@@ -191,6 +194,8 @@ fn main() -> ExitCode {
     let mut decode_sweep = false;
     let mut json_out: Option<PathBuf> = None;
     let mut set = TimeSet::all();
+    // The backward check's head dims, (qk, v) (`--bwd-head-dims 192,192/128` checks those alone).
+    let mut bwd_dims: Option<Vec<(u32, u32)>> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--variants" => dir = args.next().map(PathBuf::from).unwrap_or(dir),
@@ -243,8 +248,27 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
+            "--bwd-head-dims" => {
+                let list = args.next().unwrap_or_default();
+                // `D` (qk and v) or `DQK/DV`.
+                let pair = |x: &str| -> Option<(u32, u32)> {
+                    match x.split_once('/') {
+                        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                        None => x.parse().ok().map(|d| (d, d)),
+                    }
+                };
+                match list.split(',').map(pair).collect::<Option<Vec<_>>>() {
+                    Some(v) if !v.is_empty() => bwd_dims = Some(v),
+                    _ => {
+                        eprintln!(
+                            "--bwd-head-dims takes comma-separated head dims, `D` or `DQK/DV`; got `{list}`"
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             "-h" | "--help" => {
-                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--json OUT.json]");
+                println!("flash-gpucheck [--variants DIR] [--small] [--no-check] [--no-time] [--backward | --backward-only] [--dropout | --dropout-only] [--maps | --maps-only] [--varlen | --varlen-only] [--fp8-only] [--decode-only | --decode-sweep] [--time-set LIST] [--bwd-head-dims LIST] [--json OUT.json]");
                 return ExitCode::SUCCESS;
             }
             other => {
@@ -307,10 +331,29 @@ fn main() -> ExitCode {
         for &fam in &bwd_families {
             for spec in &specs {
                 for dt in [DType::Bf16, DType::F16] {
-                    let dims: &[u32] = if small { &[64, 128] } else { &[64, 96, 128] };
-                    for &d in dims {
-                        let s = with(spec, d, dt);
+                    // One head dim above 128 too (the mma.sync kernel's alone: the default
+                    // there whichever the family, see `default_backward_config_for`), and qk ≠ v
+                    // on both sides of 128. The whole list takes more than one 10-minute device
+                    // call: split it with `--bwd-head-dims`.
+                    let dims: &[(u32, u32)] = match &bwd_dims {
+                        Some(v) => v,
+                        None if small => &[(64, 64), (128, 128)],
+                        None => &[
+                            (64, 64),
+                            (96, 96),
+                            (128, 128),
+                            (192, 192),
+                            (128, 64),
+                            (192, 128),
+                        ],
+                    };
+                    for &(d, dv) in dims {
+                        let mut s = with(spec, d, dt);
+                        s.head_dim_v = dv;
                         let cfg = default_backward_config_for(&s, fam);
+                        if cfg.family != fam {
+                            continue; // this family builds no kernel at these head dims
+                        }
                         for (ok, line) in backward::check_backward(&rt, &s, 7 + n as u64, cfg) {
                             n += 1;
                             if !ok {
