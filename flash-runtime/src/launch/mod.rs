@@ -161,7 +161,8 @@ impl Runtime {
     }
 
     /// A runtime on GPU `ordinal` using `cache`. Errors (never panics) when no driver library
-    /// is found, the driver fails to initialise or the device does not exist.
+    /// is found, the driver fails to initialise or the device does not exist. Sets the device's
+    /// default memory pool to keep the memory freed into it (see `ffi::keep_pool_memory`).
     pub fn with_cache(ordinal: usize, cache: KernelCache) -> Result<Runtime, FlashError> {
         libs::ensure_driver()?;
         result::init().map_err(|e| driver("cuInit", e))?;
