@@ -208,8 +208,17 @@ fn plan_prints_the_score_derivative_and_backward_kernels() {
     let o = flash(&["plan", alibi.to_str().unwrap()]);
     let (out, _) = text(&o);
     assert!(out.contains("d score / d slopes[h] = k - q"), "{out}");
-    // Past the backward skeleton's head dims: the plan still prints, with the reason.
+    // Above 128 the backward is the mma.sync kernel's, 64 keys per block at 256.
     let o = flash(&["plan", alibi.to_str().unwrap(), "--head-dim", "256"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("backward kernels: flash_bwdpre_alibi_bf16_d256x256_m64n64w4s1"),
+        "{out}"
+    );
+    // A variant without a backward: the plan still prints, with the reason.
+    let fp8 = examples().join("../fp8/check.flash");
+    let o = flash(&["plan", fp8.to_str().unwrap(), "--family", "sm90ws"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("backward: not available"), "{out}");
