@@ -452,6 +452,17 @@ mod tests {
         assert_eq!(h.len(), 4);
         assert_eq!(h[0].family, KernelFamily::Sm90);
         assert!(h.iter().any(|c| c.family == KernelFamily::Sm80));
-        assert!(backward_candidates(&spec(256), KernelFamily::Sm90Ws).is_empty());
+        // Above 128 only the mma.sync kernel, and at 256 only its 64-key block fits.
+        assert_eq!(
+            backward_candidates(&spec(256), KernelFamily::Sm90Ws),
+            [TileConfig {
+                block_n: 64,
+                warps: 4,
+                ..default_backward_config()
+            }]
+        );
+        let c = backward_candidates(&spec(192), KernelFamily::Sm90Ws);
+        assert_eq!(c.len(), 2);
+        assert!(c.iter().all(|c| c.family == KernelFamily::Sm80));
     }
 }
