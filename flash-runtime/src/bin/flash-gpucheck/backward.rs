@@ -312,7 +312,7 @@ fn case(
     };
     let r64 = backward(spec, &p.problem, &p.dov);
     let plain = backward_lowp(spec, &p.problem, &p.dov, rounding(spec.dtype));
-    // The float64 backward with D from the O the GPU's forward stored (see `stored_o_term`).
+    // The float64 backward with D from the O the GPU's forward stored (see the module doc).
     let stored: Vec<f64> = rt
         .stream()
         .clone_dtoh(&p.o)
