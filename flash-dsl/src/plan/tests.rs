@@ -424,6 +424,17 @@ fn sorted_doc_ids(rng: &mut crate::rng::SplitMix, n: usize, docs: u64) -> ParamV
     ParamValues::new(vec![crate::eval::ParamValue::IntTensor(ids)])
 }
 
+/// Whether `env`'s mask shows key `k` to query `q` of head `h` (batch element 0).
+fn shows(env: &crate::eval::Env, h: usize, q: usize, k: usize) -> bool {
+    env.mask(&crate::eval::Point {
+        b: 0,
+        h: h as i64,
+        q: q as i64,
+        k: k as i64,
+        s: 0.0,
+    })
+}
+
 /// The evaluator of `spec` over one batch element and one head of `sq` queries and `sk` keys.
 fn one_sequence_env<'a>(
     spec: &'a VariantSpec,
@@ -470,15 +481,7 @@ fn backward_map_entries_record_their_parts() {
     for (sq, sk) in [(130, 77), (300, 113), (257, 257), (640, 640)] {
         let pv = sorted_doc_ids(&mut rng, sq.max(sk), 5);
         let eval = one_sequence_env(&doc, &pv, sq, sk);
-        let visible = |q: usize, k: usize| {
-            eval.mask(&crate::eval::Point {
-                b: 0,
-                h: 0,
-                q: q as i64,
-                k: k as i64,
-                s: 0.0,
-            })
-        };
+        let visible = |q: usize, k: usize| shows(&eval, 0, q, k);
         let words = host_block_map(&doc, &m, &pv, 1, 1, sq, sk);
         let width = m.cols(sq, sk) + 1;
         for kt in 0..m.rows(sq, sk) {
@@ -543,15 +546,7 @@ fn host_block_maps_are_exact() {
                     let (q1, k1) = ((q0 + 64).min(sq) - 1, (k0 + 32).min(sk) - 1);
                     let vis: Vec<bool> = (q0..=q1)
                         .flat_map(|q| (k0..=k1).map(move |k| (q, k)))
-                        .map(|(q, k)| {
-                            eval.mask(&crate::eval::Point {
-                                b: 0,
-                                h: 0,
-                                q: q as i64,
-                                k: k as i64,
-                                s: 0.0,
-                            })
-                        })
+                        .map(|(q, k)| shows(&eval, 0, q, k))
                         .collect();
                     let entry = listed.iter().find(|e| e.0 == c);
                     let overhang = q0 + 64 > sq || k0 + 32 > sk;
@@ -632,17 +627,8 @@ fn sparsity_layouts_plan_and_map() {
             for kt in 0..m.cols(300, 300) {
                 let (qb, kb) = (qt * 64 / 128, kt * 64 / 128);
                 let row = &layout[(h * 3 + qb) * 3..(h * 3 + qb + 1) * 3];
-                let any = (qt * 64..(qt * 64 + 64).min(300)).any(|q| {
-                    (kt * 64..(kt * 64 + 64).min(300)).any(|k| {
-                        env.mask(&crate::eval::Point {
-                            b: 0,
-                            h: h as i64,
-                            q: q as i64,
-                            k: k as i64,
-                            s: 0.0,
-                        })
-                    })
-                });
+                let any = (qt * 64..(qt * 64 + 64).min(300))
+                    .any(|q| (kt * 64..(kt * 64 + 64).min(300)).any(|k| shows(&env, h, q, k)));
                 let is_listed = listed.iter().any(|e| e.0 == kt);
                 assert_eq!(is_listed, any, "head {h} tile {qt},{kt}");
                 if is_listed {
