@@ -407,10 +407,19 @@ fn case(
             cfg.family.tag(),
             spec.name,
             spec.dtype.name(),
-            spec.head_dim_qk,
+            head_dims(spec),
             parts.join("  ")
         ),
     ))
+}
+
+/// The head dims as a check line names them: `128`, or `128/64` where qk and v differ.
+fn head_dims(spec: &VariantSpec) -> String {
+    if spec.head_dim_qk == spec.head_dim_v {
+        spec.head_dim_qk.to_string()
+    } else {
+        format!("{}/{}", spec.head_dim_qk, spec.head_dim_v)
+    }
 }
 
 fn grad_values(g: &Gradients, i: usize) -> Vec<f64> {
@@ -464,7 +473,7 @@ pub fn check_deterministic(
             cfg.family.tag(),
             spec.name,
             spec.dtype.name(),
-            spec.head_dim_qk
+            head_dims(spec)
         ),
     ))
 }
