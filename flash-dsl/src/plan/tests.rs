@@ -915,7 +915,28 @@ fn fp8_forward_plan_and_its_limits() {
     let sm80 = default_config_for(&s, KernelFamily::Sm80);
     assert!(err(plan(&s, Some(sm80))).contains("got sm80"));
     let d64 = parse("pub F { head_dim: 64, dtype: e4m3 }");
-    assert!(err(plan(&d64, Some(cfg))).contains("head dim 128 only"));
+    assert!(err(plan(&d64, Some(cfg)))
+        .contains("head dim 128 or 256, the same for Q, K and V; got 64/64"));
+    // Head dim 256: two planes of codes per row, V's box 256 rows; with a mask two stages by
+    // default, which leave room for a second Q tile; plain dense takes three (and one Q tile).
+    let wide = parse("pub F { head_dim: 256, dtype: e4m3, mask: causal }");
+    let pw = plan(&wide, Some(default_config_for(&wide, KernelFamily::Sm90Ws))).unwrap();
+    assert_eq!(pw.config.stages, 2);
+    assert_eq!(pw.operands[2].tma_rows, Some(256));
+    assert_eq!(
+        pw.smem_bytes(),
+        1024 + 2 * 128 * 256 + 2 * 128 * (256 + 256)
+    );
+    let src = crate::emit(&pw).source;
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3"));
+    let dense = parse("pub F { head_dim: 256, dtype: e4m3 }");
+    let pd = plan(
+        &dense,
+        Some(default_config_for(&dense, KernelFamily::Sm90Ws)),
+    )
+    .unwrap();
+    assert_eq!(pd.config.stages, 3);
+    assert_eq!(pd.smem_bytes(), 1024 + 128 * 256 + 3 * 128 * (256 + 256));
     let tile = TileConfig { stages: 4, ..cfg };
     assert!(err(plan(&s, Some(tile))).contains("2 or 3 stages; got 128x128x12x4"));
     let drop = parse("pub F { head_dim: 128, dtype: e4m3, dropout: 0.1 }");

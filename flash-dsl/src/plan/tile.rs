@@ -300,12 +300,17 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
                 // stages: the overlapped schedule, measured on an H200 against two (same call,
                 // `bench/results/NVIDIA_H200-2026-11-24-fp8-stages.log`): causal +11 % (n 4096)
                 // and +19 % (n 16384), dense +1 %.
+                // At head dim 256 three only for plain dense attention: with a mask or a score
+                // hook the overlapped consumer spills (40–184 bytes, NVRTC sm_90a), plain dense
+                // does not, and there three beat two by 2.7–4.7 % (H200, same call,
+                // `bench/results/NVIDIA_H200-2026-11-25-fp8-d256.md`).
                 let b = crate::spec::FP8_SCALE_BLOCK;
+                let plain = spec.mask.is_none() && spec.score.is_none();
                 return TileConfig {
                     block_m: b,
                     block_n: b,
                     warps: 12,
-                    stages: 3,
+                    stages: if d > 128 && !plain { 2 } else { 3 },
                     family,
                 };
             }
@@ -574,7 +579,7 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
 }
 
 /// What the fp8 forward supports (`dtype: e4m3`): the warp-specialised Hopper kernel at head
-/// dim 128, one scale block per tile (128 × 128, two stages), masks and score hooks; no
+/// dim 128 or 256, one scale block per tile (128 × 128, two stages), masks and score hooks; no
 /// dropout, no declared sparsity. Each refusal names the value and the rule.
 pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     if spec.fp8.is_none() {
@@ -587,9 +592,11 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
             cfg.family.tag()
         ));
     }
-    if spec.head_dim_qk != 128 || spec.head_dim_v != 128 {
+    // A head dim is one or two 128-byte planes of codes (and V's transposed box, that many
+    // rows); 64 would need the 64-byte swizzle, not built.
+    if spec.head_dim_qk != spec.head_dim_v || !matches!(spec.head_dim_qk, 128 | 256) {
         return fail(format!(
-            "head dim 128 only (Q, K and V); got {}/{}",
+            "head dim 128 or 256, the same for Q, K and V; got {}/{}",
             spec.head_dim_qk, spec.head_dim_v
         ));
     }

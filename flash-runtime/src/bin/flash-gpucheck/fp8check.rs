@@ -225,11 +225,11 @@ struct Fp8Problem {
 /// the quantisation kernel does (its GPU check shows the two agree bit for bit).
 fn fp8_problem(
     [b, sq, sk, hq, hkv]: [usize; 5],
+    d: usize,
     outliers: bool,
     seed: u64,
     scaling: Scaling,
 ) -> Fp8Problem {
-    let d = 128;
     let (shape_q, shape_k) = ([b, sq, hq, d], [b, sk, hkv, d]);
     let draw = |n: usize, s: u64| -> Vec<f32> {
         attention_inputs(n, outliers, s)
@@ -265,7 +265,7 @@ fn run_fp8(
 ) -> Result<(Vec<f64>, Vec<f64>, f32), FlashError> {
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("fp8 attention buffers: {e:?}"));
-    let d = 128;
+    let d = kernel.plan.spec.head_dim_qk as usize;
     let (q, qs) = (
         st.clone_htod(&x.q.0).map_err(drv)?,
         st.clone_htod(&x.q.1).map_err(drv)?,
@@ -340,8 +340,13 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
         let d = flash_dsl::plan::default_config_for(spec, flash_dsl::plan::KernelFamily::Sm90Ws);
         [2u32, 3].map(|stages| flash_dsl::TileConfig { stages, ..d })
     };
+    // `FLASH_FP8_VARIANTS=Fp8Dense256,Fp8Causal256` checks those alone (a device call's time).
+    let only: Option<Vec<String>> = std::env::var("FLASH_FP8_VARIANTS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
     for (spec, cfg) in specs
         .iter()
+        .filter(|s| only.as_ref().is_none_or(|o| o.contains(&s.name)))
         .flat_map(|s| configs(s).into_iter().map(move |c| (s, c)))
     {
         let kernel = match rt.load(spec, Some(cfg)) {
@@ -376,7 +381,7 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 };
                 let params = param_args(rt, spec, &values, &dp);
                 let scaling = spec.fp8.expect("an fp8 variant").scaling;
-                let x = fp8_problem(shape, outliers, seed, scaling);
+                let x = fp8_problem(shape, spec.head_dim_qk as usize, outliers, seed, scaling);
                 let label = format!(
                     "fp8 {} s{} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
                     spec.name,
@@ -421,24 +426,37 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
     (n, fails)
 }
 
-/// The fp8 forward (dense and causal, d 128, h 16, b = 16384 / n, n 4096 and 16384) next to
-/// flash's own bf16 forward of the same shapes in the same call, and the fp8 forward with the
-/// quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`; and the
+/// The fp8 forward (dense and causal, d 128 with h 16 and d 256 with h 8, b = 16384 / n, n 4096
+/// and 16384) next to flash's own bf16 forward of the same shapes in the same call, and the fp8
+/// forward with the quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`; and the
 /// same kernels with one scale per head (`scales: per_head`, rows `_perhead`), whose constant V
 /// scale lets a warp skip the output's rescale where no row's max moved.
 pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Result<(), FlashError> {
-    let specs = flash_dsl::parse::parse_str(
-        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Fp8Causal { head_dim: 128, dtype: e4m3, mask: causal }\npub Dense { head_dim: 128, dtype: bf16 }\npub Causal { head_dim: 128, dtype: bf16, mask: causal }\npub Fp8DenseH { head_dim: 128, dtype: e4m3, scales: per_head }\npub Fp8CausalH { head_dim: 128, dtype: e4m3, scales: per_head, mask: causal }",
-    )
+    for d in [128usize, 256] {
+        timing_attention_at(rt, gpu, d, rows)?;
+    }
+    Ok(())
+}
+
+/// [`timing_attention`] at head dim `d` (16 heads of 128, 8 of 256: the same bytes).
+fn timing_attention_at(
+    rt: &Runtime,
+    gpu: &str,
+    d: usize,
+    rows: &mut Vec<Value>,
+) -> Result<(), FlashError> {
+    let specs = flash_dsl::parse::parse_str(&format!(
+        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Fp8Causal {{ head_dim: {d}, dtype: e4m3, mask: causal }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Causal {{ head_dim: {d}, dtype: bf16, mask: causal }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8CausalH {{ head_dim: {d}, dtype: e4m3, scales: per_head, mask: causal }}",
+    ))
     .expect("the timing variants parse");
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("fp8 timing buffers: {e:?}"));
-    let (d, h) = (128usize, 16usize);
+    let h = 2048 / d;
     for n in [4096usize, 16384] {
         let b = 16384 / n;
         let shape = [b, n, n, h, h];
-        let x = fp8_problem(shape, false, 7, Scaling::PerBlock { rows: 128 });
-        let x_head = fp8_problem(shape, false, 7, Scaling::PerHead);
+        let x = fp8_problem(shape, d, false, 7, Scaling::PerBlock { rows: 128 });
+        let x_head = fp8_problem(shape, d, false, 7, Scaling::PerHead);
         let bits: Vec<u16> = x
             .dequant
             .0
@@ -457,7 +475,7 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
         for (transpose, times) in [(false, 2.0f32), (true, 1.0)] {
             let q = QuantSpec {
                 input: DType::Bf16,
-                head_dim: 128,
+                head_dim: d as u32,
                 format: Fp8Format::E4m3,
                 block_rows: 128,
                 hadamard: false,
@@ -528,18 +546,26 @@ pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Resul
 }
 
 /// Issue 11's accuracy table through the fp8 kernel: O's RMSE and largest error against the
-/// float64 attention of the *unquantised* inputs, d 128 (the kernel's head dim), 1024 tokens, 4
+/// float64 attention of the *unquantised* inputs, d 128 and 256 (the kernel's head dims), 1024 tokens, 4
 /// heads, normal inputs and inputs with 0.1 % outliers ×10, for each scheme of
 /// `flash_dsl::fp8::SCHEMES`, next to flash's bf16 forward of the same inputs. Each scheme runs
 /// the kernel of its grouping (`scales: per_tensor`, `per_head`, `per_block(128)`); the rotation
 /// and the smoothing of K are applied on the host before the quantisation (they leave Q·Kᵀ, and
 /// the softmax, unchanged).
 pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
+    for d in [128usize, 256] {
+        accuracy_table_at(rt, d)?;
+    }
+    Ok(())
+}
+
+/// [`accuracy_table`] at head dim `d`.
+fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
     use flash_dsl::fp8::{hadamard_rotate, smooth_keys, SCHEMES};
     use flash_dsl::model::reference::{self, Problem};
-    let specs = flash_dsl::parse::parse_str(
-        "pub Fp8Dense { head_dim: 128, dtype: e4m3 }\npub Dense { head_dim: 128, dtype: bf16 }\npub Fp8DenseH { head_dim: 128, dtype: e4m3, scales: per_head }\npub Fp8DenseT { head_dim: 128, dtype: e4m3, scales: per_tensor }",
-    )
+    let specs = flash_dsl::parse::parse_str(&format!(
+        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8DenseT {{ head_dim: {d}, dtype: e4m3, scales: per_tensor }}",
+    ))
     .expect("the table's variants parse");
     let (f8, bf) = (&specs[0], &specs[1]);
     let kernel_of = |s: Scaling| {
@@ -552,7 +578,7 @@ pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
             None,
         )
     };
-    let (b, n, h, d) = (1usize, 1024usize, 4usize, 128usize);
+    let (b, n, h) = (1usize, 1024usize, 4usize);
     let shape = [b, n, h, d];
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("accuracy table buffers: {e:?}"));
@@ -645,7 +671,7 @@ pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
             );
         }
     }
-    println!("# fp8 accuracy through the kernel (d 128, 1024 tokens, 4 heads; O against float64 attention of the unquantised inputs)");
+    println!("# fp8 accuracy through the kernel (d {d}, 1024 tokens, 4 heads; O against float64 attention of the unquantised inputs)");
     println!("| scheme | normal RMSE | normal max | outliers RMSE | outliers max |");
     println!("|---|---|---|---|---|");
     for (name, r) in &table {
@@ -657,7 +683,7 @@ pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
     let get = |name: &str| table.iter().find(|r| r.0 == name).map(|r| r.1[2]);
     if let (Some(t), Some(bh)) = (get("fp8 per-tensor"), get("fp8 per-block128+hadamard")) {
         println!(
-            "# outliers: per-tensor RMSE / per-block + Hadamard RMSE = {:.2} (issue 11's Must: >= 2.6)",
+            "# outliers, d {d}: per-tensor RMSE / per-block + Hadamard RMSE = {:.2} (issue 11's Must: >= 2.6)",
             t / bh
         );
     }
