@@ -25,13 +25,18 @@
 
 use crate::rng::SplitMix;
 
-/// An 8-bit float format.
+/// An 8-bit code format: the two fp8 formats, or symmetric int8 (Q and K of an fp8 variant
+/// declared `qk: int8`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Fp8Format {
     /// 4 exponent bits (bias 7), 3 mantissa bits, ±448, no infinities.
     E4m3,
     /// 5 exponent bits (bias 15), 2 mantissa bits, ±57344.
     E5m2,
+    /// Two's-complement integers −127 … 127 (−128 is never written: the grid is symmetric).
+    /// Uniform steps: after the Hadamard rotation has spread the outliers, a block's values use
+    /// all 8 bits, where e4m3 keeps 3 bits of precision at every magnitude.
+    Int8,
 }
 
 impl Fp8Format {
@@ -40,30 +45,40 @@ impl Fp8Format {
         match self {
             Fp8Format::E4m3 => "e4m3",
             Fp8Format::E5m2 => "e5m2",
+            Fp8Format::Int8 => "int8",
         }
     }
 
-    /// Mantissa bits.
+    /// The operand type of a wgmma over these codes (`e4m3`, `e5m2`, `s8`).
+    pub fn mma_type(self) -> &'static str {
+        match self {
+            Fp8Format::Int8 => "s8",
+            f => f.name(),
+        }
+    }
+
+    /// Mantissa bits (the float formats).
     fn mbits(self) -> i32 {
         match self {
             Fp8Format::E4m3 => 3,
-            Fp8Format::E5m2 => 2,
+            Fp8Format::E5m2 | Fp8Format::Int8 => 2,
         }
     }
 
-    /// Exponent bias.
+    /// Exponent bias (the float formats).
     fn bias(self) -> i32 {
         match self {
             Fp8Format::E4m3 => 7,
-            Fp8Format::E5m2 => 15,
+            Fp8Format::E5m2 | Fp8Format::Int8 => 15,
         }
     }
 
-    /// The largest finite magnitude: 448 (e4m3), 57344 (e5m2).
+    /// The largest finite magnitude: 448 (e4m3), 57344 (e5m2), 127 (int8).
     pub fn max(self) -> f32 {
         match self {
             Fp8Format::E4m3 => 448.0,
             Fp8Format::E5m2 => 57344.0,
+            Fp8Format::Int8 => 127.0,
         }
     }
 
@@ -72,6 +87,7 @@ impl Fp8Format {
         match self {
             Fp8Format::E4m3 => 0x7E,
             Fp8Format::E5m2 => 0x7B,
+            Fp8Format::Int8 => 0x7F,
         }
     }
 
@@ -88,8 +104,22 @@ impl Fp8Format {
     /// assert_eq!(E4m3.encode(2f32.powi(-9)), 0x01); // the smallest subnormal
     /// assert_eq!(E4m3.encode(1.0625), 0x38); // a tie between 1 and 1.125: to even
     /// assert_eq!(E5m2.encode(57344.0), 0x7B);
+    ///
+    /// // int8: nearest, ties to even, saturating at ±127, NaN to 0 — as the kernels'
+    /// // `__float2int_rn` of the clamped value.
+    /// use flash_dsl::fp8::Fp8Format::Int8;
+    /// assert_eq!(Int8.encode(2.5), 2);
+    /// assert_eq!(Int8.encode(-3.5), (-4i8) as u8);
+    /// assert_eq!(Int8.encode(-1e9), (-127i8) as u8);
+    /// assert_eq!(Int8.encode(f32::NAN), 0);
     /// ```
     pub fn encode(self, x: f32) -> u8 {
+        if self == Fp8Format::Int8 {
+            if x.is_nan() {
+                return 0;
+            }
+            return x.clamp(-127.0, 127.0).round_ties_even() as i8 as u8;
+        }
         if x.is_nan() {
             return 0x7F;
         }
@@ -131,6 +161,9 @@ impl Fp8Format {
     /// assert_eq!(E5m2.decode(0x7C), f32::INFINITY);
     /// ```
     pub fn decode(self, b: u8) -> f32 {
+        if self == Fp8Format::Int8 {
+            return b as i8 as f32;
+        }
         let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
         let (m, bias) = (self.mbits(), self.bias());
         let ebits = (b as u32 & 0x7F) >> m;
@@ -160,11 +193,30 @@ impl Fp8Format {
 /// and V's scales (`scales: per_block(128)`, the default, `per_head` or `per_tensor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Fp8Spec {
-    /// The format of Q's, K's and V's codes.
+    /// The format of V's codes, and of Q's and K's unless `qk_format` says otherwise.
     pub format: Fp8Format,
+    /// The format of Q's and K's codes: `format`, or [`Fp8Format::Int8`] (`qk: int8`), whose
+    /// Q·Kᵀ runs on the integer tensor cores (s8 × s8 → s32, the e4m3 rate on Hopper).
+    #[serde(default = "e4m3")]
+    pub qk_format: Fp8Format,
     /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for
     /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s.
     pub scaling: Scaling,
+}
+
+fn e4m3() -> Fp8Format {
+    Fp8Format::E4m3
+}
+
+impl Fp8Spec {
+    /// The variant's code formats in kernel names: `e4m3`, or `e4m3_qkint8` with int8 Q and K.
+    pub fn tag(&self) -> String {
+        if self.qk_format == self.format {
+            self.format.name().to_string()
+        } else {
+            format!("{}_qk{}", self.format.name(), self.qk_format.name())
+        }
+    }
 }
 
 /// How a tensor's elements are grouped under one scale.

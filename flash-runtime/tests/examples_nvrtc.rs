@@ -277,7 +277,8 @@ fn varlen_kernels_compile_without_spills() {
 
 /// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, scales per
 /// block of 64 and 128 rows, and per head and per tensor with their first (amax) passes; plain,
-/// rotated, and transposed for P·V) compile for sm_90a without spills.
+/// rotated, and transposed for P·V; and int8 codes for Q and K from bf16) compile for sm_90a
+/// without spills.
 #[test]
 fn quantisation_kernels_compile_without_spills() {
     use flash_dsl::fp8::Fp8Format;
@@ -310,6 +311,14 @@ fn quantisation_kernels_compile_without_spills() {
                     jobs.push(plan_quantize(&q).unwrap());
                     if let Some(first) = q.amax_pass().filter(|_| !transpose) {
                         jobs.push(plan_quantize(&first).unwrap());
+                    }
+                    // int8 codes for Q and K (`qk: int8`), from bf16.
+                    if input == DType::Bf16 && !transpose {
+                        let i8 = QuantSpec {
+                            format: Fp8Format::Int8,
+                            ..q
+                        };
+                        jobs.push(plan_quantize(&i8).unwrap());
                     }
                 }
             }

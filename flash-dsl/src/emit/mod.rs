@@ -203,10 +203,14 @@ struct Context {
     quant_amax_pass: bool,
     quant_reads_amax: bool,
     quant_type: String,
+    /// The quantiser writes int8 codes (not an fp8 conversion).
+    quant_int8: bool,
     quant_max: String,
     quant_norm: String,
     /// Q, K and V are fp8 codes with block scales (`VariantSpec::fp8`); the PTX type.
     fp8: bool,
+    /// fp8 with int8 Q and K codes (`qk: int8`): Q·Kᵀ on the integer tensor cores.
+    fp8_qk_int8: bool,
     fp8_type: String,
     /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
     /// block of 128 positions, 1 per (batch, head), 2 per tensor.
@@ -465,6 +469,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         quant_reads_amax: plan
             .quant
             .is_some_and(|q| !q.amax_pass && q.group != crate::plan::quantize::ScaleGroup::Block),
+        quant_int8: plan
+            .quant
+            .is_some_and(|q| q.format == crate::fp8::Fp8Format::Int8),
         quant_type: plan
             .quant
             .map(|q| q.format.name().to_string())
@@ -478,6 +485,9 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .map(|q| format!("{:e}", q.hadamard_norm()))
             .unwrap_or_default(),
         fp8: spec.fp8.is_some(),
+        fp8_qk_int8: spec
+            .fp8
+            .is_some_and(|f| f.qk_format == crate::fp8::Fp8Format::Int8),
         fp8_type: spec
             .fp8
             .map(|f| f.format.name().to_string())
@@ -487,7 +497,17 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         }),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
-            .map(|w| wgmma::wgmma_def(w, spec.fp8.map_or(mma_type, |f| f.format.name())))
+            .map(|w| {
+                // fp8: Q·Kᵀ over Q's and K's codes (int8 with `qk: int8`), P·V over e4m3.
+                let ty = spec.fp8.map_or(mma_type, |f| {
+                    if w.name == "wgmma_s" {
+                        f.qk_format.mma_type()
+                    } else {
+                        f.format.mma_type()
+                    }
+                });
+                wgmma::wgmma_def(w, ty)
+            })
             .collect::<Vec<_>>()
             .join("\n"),
     };

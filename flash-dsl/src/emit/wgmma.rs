@@ -97,12 +97,23 @@ pub fn hopper_wgmmas(plan: &KernelPlan) -> Vec<Wgmma> {
     }
 }
 
-/// The C++ of one wrapper for element type `ty` (`bf16` or `f16`). `scale_d == 0` overwrites the
-/// accumulator instead of adding into it.
+/// The C++ of one wrapper for element type `ty` (`bf16`, `f16`, `e4m3`, `e5m2` or `s8`).
+/// `scale_d == 0` overwrites the accumulator instead of adding into it. With `s8` the
+/// accumulator is s32, held in the caller's float registers as raw bits (see the int8 Q·Kᵀ of
+/// the fp8 forward).
 pub fn wgmma_def(w: &Wgmma, ty: &str) -> String {
     let regs = w.n / 2;
+    let int = ty == "s8";
     let outs: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
-    let binds: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let binds: Vec<String> = (0..regs)
+        .map(|i| {
+            if int {
+                format!("\"+r\"(reinterpret_cast<u32&>(d[{i}]))")
+            } else {
+                format!("\"+f\"(d[{i}])")
+            }
+        })
+        .collect();
     let (a_param, a_operand, a_inputs, next) = if w.a_regs {
         (
             "const u32* a",
@@ -127,20 +138,24 @@ pub fn wgmma_def(w: &Wgmma, ty: &str) -> String {
     let (b_operand, scale_operand) = (format!("%{next}"), next + 1);
     // 8-bit operands take 32 elements of k per instruction and have no transposed layouts
     // (both operands K-major in shared memory): no transpose immediates.
-    let eight_bit = matches!(ty, "e4m3" | "e5m2");
+    // Integer operands have no negation immediates either, and accumulate in s32.
+    let eight_bit = matches!(ty, "e4m3" | "e5m2" | "s8");
     let k = if eight_bit { 32 } else { 16 };
-    let tail = if eight_bit {
+    let tail = if int {
         String::new()
+    } else if eight_bit {
+        ", 1, 1".to_string()
     } else if w.a_regs {
-        format!(", {}", w.trans_b as u8)
+        format!(", 1, 1, {}", w.trans_b as u8)
     } else {
-        format!(", {}, {}", w.trans_a as u8, w.trans_b as u8)
+        format!(", 1, 1, {}, {}", w.trans_a as u8, w.trans_b as u8)
     };
+    let acc = if int { "s32" } else { "f32" };
     format!(
         "/// {what}; m64n{n}k{k}, {regs} accumulator registers per thread.\n\
          __device__ __forceinline__ void {name}(float* d, {a_param}, u64 db, int scale_d = 1) {{\n  \
          asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{scale_operand}, 0;\\n\"\n    \
-         \"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{ {outs} }}, {a_operand}, {b_operand}, p, 1, 1{tail};\\n}}\"\n    \
+         \"wgmma.mma_async.sync.aligned.m64n{n}k{k}.{acc}.{ty}.{ty} {{ {outs} }}, {a_operand}, {b_operand}, p{tail};\\n}}\"\n    \
          : {binds}\n    : {a_inputs}, \"l\"(db), \"r\"(scale_d));\n}}\n",
         what = w.what,
         n = w.n,
@@ -204,5 +219,22 @@ mod tests {
             ),
             "{e}"
         );
+        // int8: s32 accumulators bound as the float registers' bits, no immediates at all.
+        let i = wgmma_def(
+            &Wgmma {
+                name: "s",
+                n: 8,
+                a_regs: false,
+                trans_a: false,
+                trans_b: false,
+                what: "t",
+            },
+            "s8",
+        );
+        assert!(
+            i.contains("m64n8k32.s32.s8.s8 { %0, %1, %2, %3 }, %4, %5, p;"),
+            "{i}"
+        );
+        assert!(i.contains("\"+r\"(reinterpret_cast<u32&>(d[3]))"), "{i}");
     }
 }

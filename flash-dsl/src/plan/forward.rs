@@ -120,17 +120,18 @@ pub fn fp8_operands(
     fp8: crate::fp8::Fp8Spec,
 ) -> Vec<Operand> {
     let codes = OperandType::Fp8(fp8.format);
+    let qk_codes = OperandType::Fp8(fp8.qk_format);
     let mut q = Operand::new(
         "q",
         Role::Input,
-        codes,
+        qk_codes,
         &[Batch, SeqQ, HeadsQ, HeadDimQk],
         Layout::Strided,
     );
     let mut k = Operand::new(
         "k",
         Role::Input,
-        codes,
+        qk_codes,
         &[Batch, SeqK, HeadsKv, HeadDimQk],
         Layout::Strided,
     );

@@ -201,7 +201,7 @@ pub fn kernel_name(kind: KernelKind, spec: &VariantSpec, cfg: &TileConfig) -> St
         "flash_{}_{}_{}_d{}x{}_m{}n{}w{}s{}{}{frozen}",
         kind.tag(),
         spec.name.to_lowercase(),
-        spec.fp8.map_or(spec.dtype.name(), |f| f.format.name()),
+        spec.fp8.map_or(spec.dtype.name().to_string(), |f| f.tag()),
         spec.head_dim_qk,
         spec.head_dim_v,
         cfg.block_m,

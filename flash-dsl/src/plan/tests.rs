@@ -937,6 +937,21 @@ fn fp8_forward_plan_and_its_limits() {
     .unwrap();
     assert_eq!(pd.config.stages, 3);
     assert_eq!(pd.smem_bytes(), 1024 + 128 * 256 + 3 * 128 * (256 + 256));
+    // `qk: int8`: Q and K int8 codes for an s8 × s8 → s32 Q·Kᵀ, V e4m3 for P·V.
+    let qk8 = parse("pub F { head_dim: 128, dtype: e4m3, qk: int8 }");
+    let pi = plan(&qk8, Some(cfg)).unwrap();
+    assert!(
+        pi.kernel_name.contains("_e4m3_qkint8_"),
+        "{}",
+        pi.kernel_name
+    );
+    let int8 = OperandType::Fp8(crate::fp8::Fp8Format::Int8);
+    assert_eq!((pi.operands[0].ty, pi.operands[1].ty), (int8, int8));
+    assert_eq!(pi.operands[2].ty, fp8);
+    let src = crate::emit(&pi).source;
+    assert!(src.contains("constexpr bool QK_INT8 = true;"));
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"));
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
     let tile = TileConfig { stages: 4, ..cfg };
     assert!(err(plan(&s, Some(tile))).contains("2 or 3 stages; got 128x128x12x4"));
     let drop = parse("pub F { head_dim: 128, dtype: e4m3, dropout: 0.1 }");

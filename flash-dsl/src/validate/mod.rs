@@ -100,6 +100,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
     let mut fp8 = None;
+    let mut qk_ast: Option<&syn::Ident> = None;
     for entry in &decl.entries {
         let key = entry.key.to_string();
         if !KEYS.contains(&key.as_str()) {
@@ -137,6 +138,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("dropout", Value::Expr(e)) => dropout_ast = Some(e),
             ("sparsity", Value::Expr(e)) => sparsity_ast = Some(e),
             ("scales", Value::Expr(e)) => scales_ast = Some(e),
+            ("qk", Value::DType(id)) => qk_ast = Some(id),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -285,9 +287,38 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             rows: crate::spec::FP8_SCALE_BLOCK as usize,
         }),
     };
+    // `qk: int8`: Q and K as int8 codes (Q·Kᵀ on the integer tensor cores), V still e4m3.
+    let qk_format = match qk_ast {
+        None => fp8,
+        Some(id) if fp8.is_none() => {
+            if dtype_ok {
+                errs.push(Report::at(
+                    id.span(),
+                    "`qk` picks the code format of fp8 Q and K; it needs `dtype: e4m3`",
+                ));
+            }
+            None
+        }
+        Some(id) => match id.to_string().as_str() {
+            "int8" => Some(crate::fp8::Fp8Format::Int8),
+            "e4m3" => fp8,
+            other => {
+                errs.push(Report::at(
+                    id.span(),
+                    format!("unknown Q/K code format `{other}`; expected int8 or e4m3"),
+                ));
+                None
+            }
+        },
+    };
     let fp8 = fp8
         .zip(scaling)
-        .map(|(format, scaling)| crate::fp8::Fp8Spec { format, scaling });
+        .zip(qk_format)
+        .map(|((format, scaling), qk_format)| crate::fp8::Fp8Spec {
+            format,
+            scaling,
+            qk_format,
+        });
 
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);

@@ -326,6 +326,7 @@ fn diagnostics() {
         Some(Fp8Spec {
             format: Fp8Format::E4m3,
             scaling,
+            qk_format: Fp8Format::E4m3,
         })
     };
     // Scales per block of 128 positions unless `scales:` says otherwise.
@@ -359,6 +360,21 @@ fn diagnostics() {
         "`scales` groups the scales of fp8 inputs; it needs `dtype: e4m3`"
     );
     assert_eq!(v[0].dtype, crate::spec::DType::Bf16);
+    // `qk: int8`: int8 Q and K codes, V e4m3; only with `dtype: e4m3`, only int8 or e4m3.
+    let v8 = parse_str("V { head_dim: 128, dtype: e4m3, qk: int8 }").unwrap();
+    let f = v8[0].fp8.unwrap();
+    assert_eq!((f.format, f.qk_format), (Fp8Format::E4m3, Fp8Format::Int8));
+    assert_eq!(f.tag(), "e4m3_qkint8");
+    let errs = parse_str("V { head_dim: 128, dtype: bf16, qk: int8 }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`qk` picks the code format of fp8 Q and K; it needs `dtype: e4m3`"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, qk: int4 }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "unknown Q/K code format `int4`; expected int8 or e4m3"
+    );
     let errs = parse_str("V { head_dim: (192, 264), dtype: f16 }").unwrap_err();
     assert_eq!(
         errs[0].message,

@@ -3,7 +3,7 @@
 //! ```text
 //! flash quantize --x X.npy --codes CODES.npy --scales SCALES.npy [--dtype bf16|f16]
 //!                [--block-rows 64|128] [--per block|head|tensor] [--hadamard-seed N]
-//!                [--transpose] [--gpu N]
+//!                [--transpose] [--format e4m3|int8] [--gpu N]
 //! ```
 //!
 //! X is `[batch, seq, heads, d]` (any float `.npy`, rounded to `--dtype` first, as `flash run`
@@ -13,7 +13,9 @@
 //! `[batch, heads]` (`--per head`) or `[1]` (`--per tensor`): `x ≈ e4m3(code) · scale`.
 //! `--hadamard-seed N` rotates every row by the random Hadamard matrix of `flash_dsl::fp8`
 //! (`random_signs(d, N)`) first; rotate Q and K with the same seed. The arguments and the input
-//! are checked before the GPU is touched.
+//! are checked before the GPU is touched. `--format int8` writes int8 codes (their two's-complement
+//! bytes, `uint8` in the file; `x ≈ code · scale`, scale = amax / 127) for the Q and K of a
+//! variant declared `qk: int8`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +57,9 @@ pub struct QuantizeArgs {
     /// Write the codes transposed for an fp8 P·V product (V).
     #[arg(long)]
     pub transpose: bool,
+    /// The codes' format: `e4m3`, or `int8` (Q and K of a `qk: int8` variant).
+    #[arg(long, default_value = "e4m3")]
+    pub format: String,
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
@@ -85,6 +90,15 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
             )))
         }
     };
+    let format = match a.format.as_str() {
+        "e4m3" => Fp8Format::E4m3,
+        "int8" => Fp8Format::Int8,
+        other => {
+            return Err(invalid(format!(
+                "--format is e4m3 or int8 (the codes written); got `{other}`"
+            )))
+        }
+    };
     let x = NpyArray::read(&a.x)?;
     let shape: [usize; 4] = x.shape.as_slice().try_into().map_err(|_| {
         invalid(format!(
@@ -95,7 +109,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
     let q = QuantSpec {
         input,
         head_dim: shape[3] as u32,
-        format: Fp8Format::E4m3,
+        format,
         block_rows: a.block_rows,
         hadamard: a.hadamard_seed.is_some(),
         transpose: a.transpose,

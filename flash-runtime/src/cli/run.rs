@@ -643,7 +643,8 @@ fn run_fp8(
     let quantise = |x: &CudaSlice<u16>,
                     shape: [usize; 4],
                     rotate: bool,
-                    transpose: bool|
+                    transpose: bool,
+                    format: flash_dsl::fp8::Fp8Format|
      -> Result<(CudaSlice<u8>, CudaSlice<f32>), FlashError> {
         let [b, s, h, d] = shape;
         let blocks = s.div_ceil(block);
@@ -666,7 +667,7 @@ fn run_fp8(
         let qspec = QuantSpec {
             input: DType::Bf16,
             head_dim: d as u32,
-            format: fp8.format,
+            format,
             block_rows: block as u32,
             hadamard: rotate,
             transpose,
@@ -684,9 +685,10 @@ fn run_fp8(
         Ok((codes, scales))
     };
     let rotate = a.hadamard_seed.is_some();
-    let (cq, sq) = quantise(&q_dev, qs, rotate, false)?;
-    let (ck, sk) = quantise(&k_dev, ks, rotate, false)?;
-    let (cv, sv) = quantise(&v_dev, vs, false, true)?;
+    // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format.
+    let (cq, sq) = quantise(&q_dev, qs, rotate, false, fp8.qk_format)?;
+    let (ck, sk) = quantise(&k_dev, ks, rotate, false, fp8.qk_format)?;
+    let (cv, sv) = quantise(&v_dev, vs, false, true, fp8.format)?;
     let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(spec, given, &stream)?;
     let args = params.args(&stream);
