@@ -4,7 +4,8 @@
 //!
 //! - e4m3 per tensor (the baseline of issue 11's ratio) and e4m3 per block + Hadamard (the
 //!   scheme the fp8 kernel runs);
-//! - the same with V exact: what no scaling of Q and K can beat;
+//! - the same with V exact: what no scaling of Q and K can beat; and Q, K exact with V e4m3 per
+//!   block: what no scheme for Q and K can beat while V is e4m3;
 //! - int8 per block of 128 rows of a head (symmetric, amax / 127), with and without the
 //!   Hadamard rotation.
 //!
@@ -52,8 +53,8 @@ fn int8_per_block(x: &[f64], n: usize, h: usize, d: usize) -> Vec<f64> {
 fn main() {
     let (n, h) = (1024usize, 2usize);
     let p_cast = PCast::E4m3 { scale: 256.0 };
-    println!("| inputs | d | e4m3 per-tensor | e4m3 per-block + Hadamard | same, V exact | int8 per-block | int8 per-block + Hadamard |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| inputs | d | e4m3 per-tensor | e4m3 per-block + Hadamard | same, V exact | Q, K exact, V e4m3 | int8 per-block | int8 per-block + Hadamard |");
+    println!("|---|---|---|---|---|---|---|---|");
     for outliers in [false, true] {
         for d in [64usize, 128, 256] {
             let len = n * h * d;
@@ -85,6 +86,7 @@ fn main() {
             let (qh, kh, vb) = quant(3);
             let had = rmse((&qh, &kh, &vb));
             let v_exact = rmse((&qh, &kh, &v));
+            let qk_exact = rmse((&q, &k, &vb));
             let signs = random_signs(d, 7);
             let (mut qr, mut kr) = (q.clone(), k.clone());
             hadamard_rotate(&mut qr, &signs);
@@ -101,10 +103,11 @@ fn main() {
             ));
             let cell = |e: f64| format!("{e:.3e} ({:.2}×)", base / e);
             println!(
-                "| {} | {d} | {base:.3e} | {} | {} | {} | {} |",
+                "| {} | {d} | {base:.3e} | {} | {} | {} | {} | {} |",
                 if outliers { "outliers" } else { "normal" },
                 cell(had),
                 cell(v_exact),
+                cell(qk_exact),
                 cell(i8),
                 cell(i8h)
             );

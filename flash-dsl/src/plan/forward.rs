@@ -242,7 +242,9 @@ pub fn q_tile_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     } else {
         spec.dtype.size() as u32
     };
-    cfg.block_m * spec.head_dim_qk.div_ceil(64) * 64 * elem
+    // fp8: whole 128-byte planes (see `tile::smem_bytes`).
+    let row = if spec.fp8.is_some() { 128 } else { 64 };
+    cfg.block_m * spec.head_dim_qk.div_ceil(row) * row * elem
 }
 
 /// How many Q tiles the sm90ws forward holds: two where a second one fits beside the K/V

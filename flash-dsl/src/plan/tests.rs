@@ -914,9 +914,9 @@ fn fp8_forward_plan_and_its_limits() {
     let err = |r: Result<KernelPlan, PlanError>| r.unwrap_err().to_string();
     let sm80 = default_config_for(&s, KernelFamily::Sm80);
     assert!(err(plan(&s, Some(sm80))).contains("got sm80"));
-    let d64 = parse("pub F { head_dim: 64, dtype: e4m3 }");
-    assert!(err(plan(&d64, Some(cfg)))
-        .contains("head dim 128 or 256, the same for Q, K and V; got 64/64"));
+    let d96 = parse("pub F { head_dim: 96, dtype: e4m3 }");
+    assert!(err(plan(&d96, Some(cfg)))
+        .contains("head dim 64, 128 or 256, the same for Q, K and V; got 96/96"));
     // Head dim 256: two planes of codes per row, V's box 256 rows; with a mask two stages by
     // default, which leave room for a second Q tile; plain dense takes three (and one Q tile).
     let wide = parse("pub F { head_dim: 256, dtype: e4m3, mask: causal }");
@@ -937,6 +937,16 @@ fn fp8_forward_plan_and_its_limits() {
     .unwrap();
     assert_eq!(pd.config.stages, 3);
     assert_eq!(pd.smem_bytes(), 1024 + 128 * 256 + 3 * 128 * (256 + 256));
+    // Head dim 64: Q and K rows still whole 128-byte planes (the TMA box's columns past 64
+    // zero-filled), Vᵀ 64 rows; two Q tiles fit.
+    let narrow = parse("pub F { head_dim: 64, dtype: e4m3 }");
+    let pn = plan(
+        &narrow,
+        Some(default_config_for(&narrow, KernelFamily::Sm90Ws)),
+    )
+    .unwrap();
+    assert_eq!(pn.operands[2].tma_rows, Some(64));
+    assert_eq!(pn.smem_bytes(), 1024 + 2 * 128 * 128 + 3 * 128 * (128 + 64));
     // `qk: int8`: Q and K int8 codes for an s8 × s8 → s32 Q·Kᵀ, V e4m3 for P·V.
     let qk8 = parse("pub F { head_dim: 128, dtype: e4m3, qk: int8 }");
     let pi = plan(&qk8, Some(cfg)).unwrap();

@@ -579,7 +579,7 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
 }
 
 /// What the fp8 forward supports (`dtype: e4m3`): the warp-specialised Hopper kernel at head
-/// dim 128 or 256, one scale block per tile (128 × 128, two stages), masks and score hooks; no
+/// dim 64, 128 or 256, one scale block per tile (128 × 128, two stages), masks and score hooks; no
 /// dropout, no declared sparsity. Each refusal names the value and the rule.
 pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     if spec.fp8.is_none() {
@@ -593,10 +593,12 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
         ));
     }
     // A head dim is one or two 128-byte planes of codes (and V's transposed box, that many
-    // rows); 64 would need the 64-byte swizzle, not built.
-    if spec.head_dim_qk != spec.head_dim_v || !matches!(spec.head_dim_qk, 128 | 256) {
+    // rows). At 64 a row still takes a 128-byte plane: the TMA box reads 128 columns, the 64
+    // past the head zero-filled, and Q·Kᵀ reads the first 64 (twice the shared memory of Q and
+    // K, no wasted tensor work; a 64-byte swizzle would halve it).
+    if spec.head_dim_qk != spec.head_dim_v || !matches!(spec.head_dim_qk, 64 | 128 | 256) {
         return fail(format!(
-            "head dim 128 or 256, the same for Q, K and V; got {}/{}",
+            "head dim 64, 128 or 256, the same for Q, K and V; got {}/{}",
             spec.head_dim_qk, spec.head_dim_v
         ));
     }
@@ -651,7 +653,12 @@ fn pad64(d: u32) -> u32 {
 /// type, rows padded to 64 elements for the 128-byte swizzle. The sm90 kernel asks for 1024
 /// more bytes to align its buffers to the 1024-byte swizzle atoms that wgmma descriptors address.
 pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
-    let (dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
+    let (mut dqk, dv) = (pad64(spec.head_dim_qk), pad64(spec.head_dim_v));
+    // fp8 Q and K rows are whole 128-byte planes (at head dim 64 the TMA box's columns past 64
+    // are zero-filled and never read).
+    if spec.fp8.is_some() {
+        dqk = spec.head_dim_qk.div_ceil(128) * 128;
+    }
     let align = match cfg.family {
         KernelFamily::Sm80 => 0,
         KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
