@@ -169,49 +169,51 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     (n, fails)
 }
 
-/// GB/s of quantising Q-sized tensors (bf16, d 128, 16 heads, 16k tokens; blocks of 128, with
-/// and without the rotation): bytes read plus codes and scales written.
+/// GB/s of quantising Q-sized tensors (bf16, 16k tokens, d 128 with 16 heads and d 256 with 8;
+/// blocks of 128, with and without the rotation): bytes read plus codes and scales written.
 pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashError> {
-    let shape = [1usize, 16384, 16, 128];
-    let len: usize = shape.iter().product();
-    let st = rt.stream();
-    let drv = |e| FlashError::Driver(format!("quantisation buffers: {e:?}"));
-    let bits: Vec<u16> = attention_inputs(len, true, 1)
-        .iter()
-        .map(|&v| DType::Bf16.to_bits(v))
-        .collect();
-    let x = st.clone_htod(&bits).map_err(drv)?;
-    let mut codes = st.alloc_zeros::<u8>(len).map_err(drv)?;
-    let mut scales = st.alloc_zeros::<f32>(16 * 128).map_err(drv)?;
-    let signs: Vec<f32> = random_signs(128, 3).iter().map(|&s| s as f32).collect();
-    let dsigns = st.clone_htod(&signs).map_err(drv)?;
-    for hadamard in [false, true] {
-        let q = QuantSpec {
-            input: DType::Bf16,
-            head_dim: 128,
-            format: Fp8Format::E4m3,
-            block_rows: 128,
-            hadamard,
-            transpose: false,
-            group: Default::default(),
-            amax_pass: false,
-        };
-        let kernel = rt.load_quantize(&q)?;
-        let xt = TensorRef::new(&x, shape, st);
-        let ms = rt.time_quantize(
-            &kernel,
-            &xt,
-            hadamard.then_some(&dsigns),
-            &mut codes,
-            &mut scales,
-            (5, 30),
-        )?;
-        let gbps = (len * 3) as f64 / ms as f64 / 1e6;
-        println!(
-            "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard}: {ms:.4} ms {gbps:.0} GB/s"
-        );
-        rows.push(json!({"backend": "flash", "variant": if hadamard { "quant_e4m3_hadamard" } else { "quant_e4m3" }, "dtype": "bf16",
-            "d": 128, "n": 16384, "b": 1, "h": 16, "mode": "quantize", "ms": ms, "gbps": gbps}));
+    for d in [128usize, 256] {
+        let shape = [1usize, 16384, 2048 / d, d];
+        let len: usize = shape.iter().product();
+        let st = rt.stream();
+        let drv = |e| FlashError::Driver(format!("quantisation buffers: {e:?}"));
+        let bits: Vec<u16> = attention_inputs(len, true, 1)
+            .iter()
+            .map(|&v| DType::Bf16.to_bits(v))
+            .collect();
+        let x = st.clone_htod(&bits).map_err(drv)?;
+        let mut codes = st.alloc_zeros::<u8>(len).map_err(drv)?;
+        let mut scales = st.alloc_zeros::<f32>(shape[2] * 128).map_err(drv)?;
+        let signs: Vec<f32> = random_signs(d, 3).iter().map(|&s| s as f32).collect();
+        let dsigns = st.clone_htod(&signs).map_err(drv)?;
+        for hadamard in [false, true] {
+            let q = QuantSpec {
+                input: DType::Bf16,
+                head_dim: d as u32,
+                format: Fp8Format::E4m3,
+                block_rows: 128,
+                hadamard,
+                transpose: false,
+                group: Default::default(),
+                amax_pass: false,
+            };
+            let kernel = rt.load_quantize(&q)?;
+            let xt = TensorRef::new(&x, shape, st);
+            let ms = rt.time_quantize(
+                &kernel,
+                &xt,
+                hadamard.then_some(&dsigns),
+                &mut codes,
+                &mut scales,
+                (5, 30),
+            )?;
+            let gbps = (len * 3) as f64 / ms as f64 / 1e6;
+            println!(
+                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard}: {ms:.4} ms {gbps:.0} GB/s"
+            );
+            rows.push(json!({"backend": "flash", "variant": if hadamard { "quant_e4m3_hadamard" } else { "quant_e4m3" }, "dtype": "bf16",
+                "d": d, "n": 16384, "b": 1, "h": shape[2], "mode": "quantize", "ms": ms, "gbps": gbps}));
+        }
     }
     Ok(())
 }
