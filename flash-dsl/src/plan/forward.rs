@@ -105,15 +105,16 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
     vec![q, k, v, o, lse]
 }
 
-/// The fp8 forward's operands: Q and K codes `[batch, seq, heads, 128]` (strided, one byte
-/// each), V's codes transposed for the second product — a `[batch, 128, heads_kv, seq_padded]`
-/// view (strided) of the quantiser's `[batch, heads_kv, 128, seq_padded]` output, keys in
-/// `crate::fp8::mma_key_order` within each group of 32, `seq_padded` whole scale blocks — then O
-/// (the output dtype) and the LSE as usual, then the f32 scales of Q, K and V, contiguous, as
-/// the variant's `scales:` groups them: `[batch, heads, blocks]` (one per block of 128
-/// positions of each (batch, head), the default), `[batch, heads]` (`per_head`) or one value
-/// (`per_tensor`); a code times its group's scale is the value. All three are loaded by TMA: Q and K in 128-byte rows (a row is
-/// a head dim of 128), V in boxes of 128 keys × 128 rows.
+/// The fp8 forward's operands: Q and K codes `[batch, seq, heads, d]` (strided, one byte
+/// each; int8 with `qk: int8`), V's e4m3 codes transposed for the second product — a `[batch,
+/// d, heads_kv, seq_padded]` view (strided) of the quantiser's `[batch, heads_kv, d,
+/// seq_padded]` output, keys in `crate::fp8::mma_key_order` within each group of 32,
+/// `seq_padded` whole scale blocks — then O (the output dtype) and the LSE as usual, then the
+/// f32 scales of Q, K and V, contiguous, as the variant's `scales:` groups them: `[batch,
+/// heads, blocks]` (one per block of 128 positions of each (batch, head), the default),
+/// `[batch, heads]` (`per_head`) or one value (`per_tensor`); a code times its group's scale is
+/// the value. All three are loaded by TMA: Q and K in 128-byte rows (one or two per position; at
+/// d 64 the box's upper half zero-filled), V in boxes of 128 keys × d rows.
 pub fn fp8_operands(
     spec: &VariantSpec,
     cfg: &TileConfig,

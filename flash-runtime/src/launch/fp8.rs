@@ -17,17 +17,18 @@ use crate::variant::ParamArg;
 
 /// The inputs of an fp8 forward.
 pub struct Fp8Inputs<'a> {
-    /// Q codes `[batch, seq_q, heads_q, 128]` (strided, one byte each).
+    /// Q codes `[batch, seq_q, heads_q, d]` (strided, one byte each; d 64, 128 or 256; int8
+    /// codes for a `qk: int8` variant, e4m3 otherwise).
     pub q: TensorRef<'a>,
     /// Q's scales, f32, contiguous, grouped as the variant's `scales:` declares: `[batch,
     /// heads_q, ceil(seq_q / 128)]` (`per_block(128)`, the default), `[batch, heads_q]`
     /// (`per_head`) or one value (`per_tensor`).
     pub q_scale: &'a CudaSlice<f32>,
-    /// K codes `[batch, seq_k, heads_kv, 128]` (strided).
+    /// K codes `[batch, seq_k, heads_kv, d]` (strided; the format of Q's).
     pub k: TensorRef<'a>,
     /// K's scales, grouped as Q's (`[batch, heads_kv, ceil(seq_k / 128)]` per block).
     pub k_scale: &'a CudaSlice<f32>,
-    /// V's codes transposed, `[batch, heads_kv, 128, seq_padded]` contiguous with `seq_padded =
+    /// V's e4m3 codes transposed, `[batch, heads_kv, d, seq_padded]` contiguous with `seq_padded =
     /// ceil(seq_k / 128) · 128` and the keys of each group of 32 in
     /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly this).
     pub v_t: &'a CudaSlice<u8>,
@@ -37,7 +38,7 @@ pub struct Fp8Inputs<'a> {
 
 impl Runtime {
     /// Runs an fp8 forward (`kernel` from [`Runtime::load`] of a `dtype: e4m3` variant): O
-    /// (`[batch, seq_q, heads_q, 128]`, bf16) and the LSE from codes and scales. Checked like
+    /// (`[batch, seq_q, heads_q, d]`, bf16) and the LSE from codes and scales. Checked like
     /// every launch — shapes, strides, buffer lengths (the scales' and Vᵀ's from `seq_q`,
     /// `seq_k`), devices — and asynchronous.
     pub fn forward_fp8(
