@@ -550,6 +550,43 @@ mod tests {
     }
 
     #[test]
+    fn int8_codes_round_trip_and_round_to_nearest_even() {
+        let f = Fp8Format::Int8;
+        // Every code but −128 (never written: the grid is symmetric) decodes to its integer and
+        // encodes back.
+        for c in 0..=255u8 {
+            let v = f.decode(c);
+            assert_eq!(v, c as i8 as f32);
+            if c != 0x80 {
+                assert_eq!(f.encode(v), c, "{c:#04x}");
+            }
+        }
+        // Ties to even, below and above the midpoint to the nearer, saturation at ±127.
+        for (x, want) in [
+            (0.5f32, 0i8),
+            (1.5, 2),
+            (-2.5, -2),
+            (2.4999, 2),
+            (2.5001, 3),
+            (126.5, 126),
+            (127.4, 127),
+            (1e9, 127),
+            (-1e9, -127),
+            (f32::INFINITY, 127),
+            (f32::NEG_INFINITY, -127),
+        ] {
+            assert_eq!(f.encode(x), want as u8, "{x}");
+        }
+        assert_eq!(f.encode(f32::NAN), 0);
+        // Block scales land each group's largest magnitude on 127.
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.37).collect();
+        let q = quantize(&x, [1, 4, 1, 16], Scaling::PerTensor, f);
+        assert_eq!(q.scales, [x[63] / 127.0]);
+        assert_eq!(q.codes[63], 127);
+        assert!(q.codes.iter().all(|&c| c != 0x80));
+    }
+
+    #[test]
     fn block_scales_map_each_group_max_to_the_format_max() {
         let shape = [2, 300, 3, 16];
         let mut rng = SplitMix(3);

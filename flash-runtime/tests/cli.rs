@@ -589,7 +589,7 @@ fn run_paged_flags_are_checked_before_the_gpu() {
     ints(vec![2, 4], "table_b2.npy");
     ints(vec![1], "lens.npy");
     ints(vec![3], "lens3.npy");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--page-table", "table.npy"], "--seqlens-k <SEQLENS_K>"),
         (
             &["--page-table", "table_b2.npy", "--seqlens-k", "lens.npy"],
@@ -647,6 +647,10 @@ fn quantize_arguments_are_checked_before_the_gpu() {
         (
             &["--x", "x.npy", "--dtype", "e4m3"],
             "--dtype is bf16 or f16 (the type the input is read as); got `e4m3`",
+        ),
+        (
+            &["--x", "x.npy", "--format", "int4"],
+            "--format is e4m3 or int8 (the codes written); got `int4`",
         ),
     ];
     for (extra, want) in cases {

@@ -195,6 +195,13 @@ impl QuantSpec {
 /// // The rotation needs a power-of-two head dim.
 /// assert!(plan_quantize(&QuantSpec { head_dim: 96, ..q }).is_err());
 ///
+/// // int8 codes (Q and K of a `qk: int8` variant): round to nearest even and clamp to ±127
+/// // instead of an fp8 conversion.
+/// let i8 = plan_quantize(&QuantSpec { format: Fp8Format::Int8, ..q }).unwrap();
+/// assert_eq!(i8.kernel_name, "flash_quant_int8_bf16_d128_r128_had");
+/// let src = flash_dsl::emit(&i8).source;
+/// assert!(src.contains("__float2int_rn") && !src.contains("cvt.rn.satfinite"));
+///
 /// // One scale per head: a first pass writes the block amaxes, the second reads them.
 /// use flash_dsl::plan::quantize::ScaleGroup;
 /// let head = QuantSpec { group: ScaleGroup::Head, ..q };
