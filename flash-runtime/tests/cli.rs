@@ -589,7 +589,7 @@ fn run_paged_flags_are_checked_before_the_gpu() {
     ints(vec![2, 4], "table_b2.npy");
     ints(vec![1], "lens.npy");
     ints(vec![3], "lens3.npy");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--page-table", "table.npy"], "--seqlens-k <SEQLENS_K>"),
         (
             &["--page-table", "table_b2.npy", "--seqlens-k", "lens.npy"],
@@ -631,7 +631,7 @@ fn quantize_arguments_are_checked_before_the_gpu() {
     zeros(vec![1, 10, 2, 64], "x.npy");
     zeros(vec![1, 10, 2, 96], "x96.npy");
     zeros(vec![10, 2, 64], "x3.npy");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--x", "x.npy", "--block-rows", "96"],
             "a scale block is 64 or 128 positions; got 96",
