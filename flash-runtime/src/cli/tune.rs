@@ -211,6 +211,14 @@ fn tune_backward(
 
 pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
     let specs = a.variant.load()?;
+    // The tuner times bf16/f16 inputs; an fp8 variant's kernel reads codes and scales. Its two
+    // configurations (two or three stages) are chosen by the planner; say so before the GPU.
+    if let Some(s) = specs.iter().find(|s| s.fp8.is_some()) {
+        return Err(FlashError::Invalid(format!(
+            "`flash tune` does not time fp8 variants yet (`{}` declares `dtype: e4m3`): the planner picks its stages (three, or two at head dim 256 with a mask or hook); time one with `flash run` and `--tile 128x128x12x2` or `128x128x12x3`",
+            s.name
+        )));
+    }
     let rt = Runtime::with_cache(a.gpu, KernelCache::new(a.cache.cache_dir.clone()))?;
     let knobs = TuneKnobs {
         family: a.variant.family.map(KernelFamily::from),
