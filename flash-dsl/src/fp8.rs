@@ -57,19 +57,21 @@ impl Fp8Format {
         }
     }
 
-    /// Mantissa bits (the float formats).
+    /// Mantissa bits (the float formats; int8 returns before asking).
     fn mbits(self) -> i32 {
         match self {
             Fp8Format::E4m3 => 3,
-            Fp8Format::E5m2 | Fp8Format::Int8 => 2,
+            Fp8Format::E5m2 => 2,
+            Fp8Format::Int8 => unreachable!("int8 has no mantissa"),
         }
     }
 
-    /// Exponent bias (the float formats).
+    /// Exponent bias (the float formats; int8 returns before asking).
     fn bias(self) -> i32 {
         match self {
             Fp8Format::E4m3 => 7,
-            Fp8Format::E5m2 | Fp8Format::Int8 => 15,
+            Fp8Format::E5m2 => 15,
+            Fp8Format::Int8 => unreachable!("int8 has no exponent"),
         }
     }
 
@@ -196,7 +198,9 @@ pub struct Fp8Spec {
     /// The format of V's codes, and of Q's and K's unless `qk_format` says otherwise.
     pub format: Fp8Format,
     /// The format of Q's and K's codes: `format`, or [`Fp8Format::Int8`] (`qk: int8`), whose
-    /// Q·Kᵀ runs on the integer tensor cores (s8 × s8 → s32, the e4m3 rate on Hopper).
+    /// Q·Kᵀ runs on the integer tensor cores (s8 × s8 → s32, the e4m3 rate on Hopper). Absent
+    /// from records written before it existed: those are e4m3 throughout (the only format the
+    /// language accepts for `format`).
     #[serde(default = "e4m3")]
     pub qk_format: Fp8Format,
     /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for

@@ -6,7 +6,8 @@
 //! [`crate::fp8::Scaling::PerBlock`] compute on the host, bit for bit (the GPU check compares the
 //! two): the values widened to f32, rotated in f32 by the same butterflies in the same order, the
 //! block's largest magnitude `amax`, `scale = amax / max`, `code = encode(x · (max / amax))`
-//! (`cvt.rn.satfinite`), with both divisions rounded to nearest.
+//! (`cvt.rn.satfinite` for e4m3; int8 rounds to nearest even and clamps to ±127), with both
+//! divisions rounded to nearest.
 //!
 //! One block of 512 threads per (row block, head, batch); the rows sit in shared memory as f32
 //! while the rotation's stages run. Any GPU from sm_89 converts to fp8; the plan names the sm_90
@@ -31,7 +32,8 @@ pub struct QuantSpec {
     pub input: DType,
     /// The head dimension (the rotation needs a power of two).
     pub head_dim: u32,
-    /// The fp8 format written.
+    /// The code format written: e4m3, or int8 (Q and K of a `qk: int8` variant; never
+    /// transposed, V stays e4m3).
     pub format: Fp8Format,
     /// Positions per scale block (64 or 128).
     pub block_rows: u32,
@@ -118,6 +120,9 @@ impl QuantSpec {
                 "the amax pass belongs to per-head and per-tensor scales; per-block scales take one pass".into(),
             );
         }
+        if self.format == Fp8Format::Int8 && self.transpose {
+            return Err("int8 codes are for Q and K; V (the transposed layout) stays e4m3".into());
+        }
         if self.hadamard && !self.head_dim.is_power_of_two() {
             return Err(format!(
                 "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got {}",
@@ -201,6 +206,9 @@ impl QuantSpec {
 /// assert_eq!(i8.kernel_name, "flash_quant_int8_bf16_d128_r128_had");
 /// let src = flash_dsl::emit(&i8).source;
 /// assert!(src.contains("__float2int_rn") && !src.contains("cvt.rn.satfinite"));
+/// // …and never transposed: V stays e4m3.
+/// let e = plan_quantize(&QuantSpec { format: Fp8Format::Int8, transpose: true, ..q });
+/// assert!(e.unwrap_err().to_string().contains("V (the transposed layout) stays e4m3"));
 ///
 /// // One scale per head: a first pass writes the block amaxes, the second reads them.
 /// use flash_dsl::plan::quantize::ScaleGroup;

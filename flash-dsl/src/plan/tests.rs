@@ -962,6 +962,11 @@ fn fp8_forward_plan_and_its_limits() {
     assert!(src.contains("constexpr bool QK_INT8 = true;"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
+    // A spec built in Rust with an int8 V (or e5m2 Q/K) is refused, naming both formats.
+    let mut bad = qk8.clone();
+    bad.fp8.as_mut().unwrap().format = crate::fp8::Fp8Format::Int8;
+    assert!(err(plan(&bad, Some(cfg)))
+        .contains("V's codes are e4m3 and Q's and K's e4m3 or int8; got V int8 and Q/K int8"));
     let tile = TileConfig { stages: 4, ..cfg };
     assert!(err(plan(&s, Some(tile))).contains("2 or 3 stages; got 128x128x12x4"));
     let drop = parse("pub F { head_dim: 128, dtype: e4m3, dropout: 0.1 }");

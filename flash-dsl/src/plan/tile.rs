@@ -579,13 +579,29 @@ pub fn config_is_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanE
 }
 
 /// What the fp8 forward supports (`dtype: e4m3`): the warp-specialised Hopper kernel at head
-/// dim 64, 128 or 256, one scale block per tile (128 × 128, two stages), masks and score hooks; no
-/// dropout, no declared sparsity. Each refusal names the value and the rule.
+/// dim 64, 128 or 256, one scale block per tile (128 × 128, two or three stages), masks and score
+/// hooks, e4m3 V and e4m3 or int8 Q and K; no dropout, no declared sparsity. Each refusal names
+/// the value and the rule.
 pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), PlanError> {
     if spec.fp8.is_none() {
         return Ok(());
     }
     let fail = |m: String| Err(PlanError::Fp8(m));
+    // The language only writes these; a spec built in Rust or read from JSON could say more,
+    // and an int8 V or e5m2 Q/K would meet a P·V or Q·Kᵀ product of another type.
+    let f = spec.fp8.expect("checked above");
+    if f.format != crate::fp8::Fp8Format::E4m3
+        || !matches!(
+            f.qk_format,
+            crate::fp8::Fp8Format::E4m3 | crate::fp8::Fp8Format::Int8
+        )
+    {
+        return fail(format!(
+            "V's codes are e4m3 and Q's and K's e4m3 or int8; got V {} and Q/K {}",
+            f.format.name(),
+            f.qk_format.name()
+        ));
+    }
     if cfg.family != KernelFamily::Sm90Ws {
         return fail(format!(
             "fp8 kernels exist for the warp-specialised Hopper family (sm90ws, sm_90a) only; got {}",

@@ -210,14 +210,23 @@ fn tune_backward(
 }
 
 pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
-    let specs = a.variant.load()?;
     // The tuner times bf16/f16 inputs; an fp8 variant's kernel reads codes and scales. Its two
-    // configurations (two or three stages) are chosen by the planner; say so before the GPU.
-    if let Some(s) = specs.iter().find(|s| s.fp8.is_some()) {
-        return Err(FlashError::Invalid(format!(
-            "`flash tune` does not time fp8 variants yet (`{}` declares `dtype: e4m3`): the planner picks its stages (three, or two at head dim 256 with a mask or hook); time one with `flash run` and `--tile 128x128x12x2` or `128x128x12x3`",
-            s.name
-        )));
+    // configurations (two or three stages) are chosen by the planner: fp8 variants are skipped
+    // with a note, and a selection of fp8 variants alone is refused, before the GPU.
+    let (fp8, specs): (Vec<_>, Vec<_>) =
+        a.variant.load()?.into_iter().partition(|s| s.fp8.is_some());
+    let why = |name: &str| {
+        format!(
+            "`flash tune` does not time fp8 variants yet (`{name}` declares `dtype: e4m3`): the planner picks its stages (three, or two at head dim 256 with a mask or hook); time one with `flash run` and `--tile 128x128x12x2` or `128x128x12x3`"
+        )
+    };
+    if specs.is_empty() {
+        if let Some(s) = fp8.first() {
+            return Err(FlashError::Invalid(why(&s.name)));
+        }
+    }
+    for s in &fp8 {
+        eprintln!("skipping {}", why(&s.name));
     }
     let rt = Runtime::with_cache(a.gpu, KernelCache::new(a.cache.cache_dir.clone()))?;
     let knobs = TuneKnobs {

@@ -18,7 +18,9 @@ use crate::variant::ParamArg;
 /// The inputs of an fp8 forward.
 pub struct Fp8Inputs<'a> {
     /// Q codes `[batch, seq_q, heads_q, d]` (strided, one byte each; d 64, 128 or 256; int8
-    /// codes for a `qk: int8` variant, e4m3 otherwise).
+    /// codes for a `qk: int8` variant, e4m3 otherwise). Bytes carry no format: codes of the
+    /// other format are read without an error and give wrong scores, so quantise with the
+    /// variant's `qk` (`QuantSpec::format`, `flash quantize --format`).
     pub q: TensorRef<'a>,
     /// Q's scales, f32, contiguous, grouped as the variant's `scales:` declares: `[batch,
     /// heads_q, ceil(seq_q / 128)]` (`per_block(128)`, the default), `[batch, heads_q]`

@@ -166,6 +166,63 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
             }
         }
     }
+    // Edge values, bf16, one block: exact ties of the int8 grid (amax 127 makes the inverse
+    // exactly 1), −0, values past the format's range; then a block holding +∞ and NaN (scale 1,
+    // the infinity saturates, NaN becomes 0 in int8 and the NaN code in e4m3).
+    let ties: Vec<f64> = [127.0, 2.5, -3.5, 0.5, -0.0, 1.5, 126.5, -126.5, -127.0, 0.0]
+        .into_iter()
+        .cycle()
+        .take(64)
+        .collect();
+    let specials: Vec<f64> = [f64::INFINITY, f64::NAN, -2.5, 3.0, -0.0, 1e30]
+        .into_iter()
+        .cycle()
+        .take(64)
+        .collect();
+    for format in [Fp8Format::E4m3, Fp8Format::Int8] {
+        for (what, vals) in [("ties", &ties), ("inf/NaN", &specials)] {
+            n += 1;
+            let shape = [1usize, 1, 1, 64];
+            let q = QuantSpec {
+                input: DType::Bf16,
+                head_dim: 64,
+                format,
+                block_rows: 64,
+                hadamard: false,
+                transpose: false,
+                group: ScaleGroup::Block,
+                amax_pass: false,
+            };
+            let bits: Vec<u16> = vals.iter().map(|&v| DType::Bf16.to_bits(v)).collect();
+            let x: Vec<f32> = bits
+                .iter()
+                .map(|&b| DType::Bf16.from_bits(b) as f32)
+                .collect();
+            let want = quantize(&x, shape, Scaling::PerBlock { rows: 64 }, format);
+            let label = format!("quant bf16 {} edge values ({what})", format.name());
+            match run(rt, &q, &bits, shape, &[1.0; 64], 1) {
+                Err(e) => {
+                    fails += 1;
+                    println!("FAIL {label}: {e}");
+                }
+                Ok((codes, scales)) => {
+                    let ok = codes == want.codes
+                        && scales.first().map(|s| s.to_bits()) == Some(want.scales[0].to_bits());
+                    if !ok {
+                        fails += 1;
+                    }
+                    println!(
+                        "{} {label}: codes {:?} scale {:?}; host {:?} scale {:?}",
+                        if ok { "ok  " } else { "FAIL" },
+                        &codes[..10.min(codes.len())],
+                        scales.first(),
+                        &want.codes[..10],
+                        want.scales[0]
+                    );
+                }
+            }
+        }
+    }
     (n, fails)
 }
 
