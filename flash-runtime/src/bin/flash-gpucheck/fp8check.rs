@@ -645,7 +645,7 @@ pub fn accuracy_table(rt: &Runtime) -> Result<(), FlashError> {
 
 /// [`accuracy_table`] at head dim `d`.
 fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
-    use flash_dsl::fp8::{hadamard_rotate, smooth_keys, SCHEMES};
+    use flash_dsl::fp8::{hadamard_rotate, smooth_keys, Fp8Scheme, SCHEMES};
     use flash_dsl::model::reference::{self, Problem};
     let specs = flash_dsl::parse::parse_str(&format!(
         "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8DenseT {{ head_dim: {d}, dtype: e4m3, scales: per_tensor }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}",
@@ -726,7 +726,30 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 .collect();
             cells("bf16 (flash)", col, (rms(&o, &ref64.o), maxe(&o, &ref64.o)));
         }
-        for scheme in SCHEMES {
+        // Each scheme of the list with e4m3 Q and K, then int8 Q and K (`qk: int8`)
+        // per block of 128 without and with the rotation; V e4m3 with the scheme's grouping.
+        let int8 = |name, hadamard| Fp8Scheme {
+            name,
+            scaling: Scaling::PerBlock { rows: 128 },
+            hadamard,
+            smooth: false,
+        };
+        let rows = SCHEMES
+            .iter()
+            .map(|s| (format!("fp8 {}", s.name), *s, Fp8Format::E4m3))
+            .chain([
+                (
+                    "int8 QK per-block128".to_string(),
+                    int8("int8", false),
+                    Fp8Format::Int8,
+                ),
+                (
+                    "int8 QK per-block128+hadamard".to_string(),
+                    int8("int8+hadamard", true),
+                    Fp8Format::Int8,
+                ),
+            ]);
+        for (label, scheme, qk_format) in rows {
             let (mut qr, mut kr) = (q.clone(), k.clone());
             if scheme.hadamard {
                 let signs = random_signs(d, 44);
@@ -737,8 +760,8 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 smooth_keys(&mut kr, shape);
             }
             let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-            let qq = quantize(&f32s(&qr), shape, scheme.scaling, Fp8Format::E4m3);
-            let kq = quantize(&f32s(&kr), shape, scheme.scaling, Fp8Format::E4m3);
+            let qq = quantize(&f32s(&qr), shape, scheme.scaling, qk_format);
+            let kq = quantize(&f32s(&kr), shape, scheme.scaling, qk_format);
             let vq = quantize(&f32s(&v), shape, scheme.scaling, Fp8Format::E4m3);
             let x = Fp8Problem {
                 q: (qq.codes, qq.scales),
@@ -746,45 +769,13 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 v_t: (transpose_for_pv(&vq.codes, shape, 128), vq.scales),
                 dequant: (Vec::new(), Vec::new(), Vec::new()),
             };
-            let k8 = kernel_of(scheme.scaling)?;
-            let (o, _, _) = run_fp8(rt, &k8, &x, [b, n, n, h, h], &[], None)?;
-            cells(
-                &format!("fp8 {}", scheme.name),
-                col,
-                (rms(&o, &ref64.o), maxe(&o, &ref64.o)),
-            );
-        }
-        // int8 Q and K (`qk: int8`) per block of 128, without and with the rotation; V e4m3
-        // per block, as above.
-        for hadamard in [false, true] {
-            let (mut qr, mut kr) = (q.clone(), k.clone());
-            if hadamard {
-                let signs = random_signs(d, 44);
-                hadamard_rotate(&mut qr, &signs);
-                hadamard_rotate(&mut kr, &signs);
-            }
-            let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-            let block = Scaling::PerBlock { rows: 128 };
-            let qq = quantize(&f32s(&qr), shape, block, Fp8Format::Int8);
-            let kq = quantize(&f32s(&kr), shape, block, Fp8Format::Int8);
-            let vq = quantize(&f32s(&v), shape, block, Fp8Format::E4m3);
-            let x = Fp8Problem {
-                q: (qq.codes, qq.scales),
-                k: (kq.codes, kq.scales),
-                v_t: (transpose_for_pv(&vq.codes, shape, 128), vq.scales),
-                dequant: (Vec::new(), Vec::new(), Vec::new()),
+            let k8 = if qk_format == Fp8Format::Int8 {
+                rt.load(&specs[4], None)?
+            } else {
+                kernel_of(scheme.scaling)?
             };
-            let k8 = rt.load(&specs[4], None)?;
             let (o, _, _) = run_fp8(rt, &k8, &x, [b, n, n, h, h], &[], None)?;
-            cells(
-                if hadamard {
-                    "int8 QK per-block128+hadamard"
-                } else {
-                    "int8 QK per-block128"
-                },
-                col,
-                (rms(&o, &ref64.o), maxe(&o, &ref64.o)),
-            );
+            cells(&label, col, (rms(&o, &ref64.o), maxe(&o, &ref64.o)));
         }
     }
     println!("# fp8 accuracy through the kernel (d {d}, 1024 tokens, 4 heads; O against float64 attention of the unquantised inputs)");
