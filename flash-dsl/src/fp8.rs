@@ -203,6 +203,11 @@ pub struct Fp8Spec {
     /// language accepts for `format`).
     #[serde(default = "e4m3")]
     pub qk_format: Fp8Format,
+    /// V in bf16 instead of codes (`v: bf16`): P·V runs as a bf16 product (half the e4m3 rate)
+    /// with P in bf16, and V has no scales — what removes V's e4m3 error, the floor of the
+    /// accuracy of every Q/K scheme (`05_int8_qk_accuracy`).
+    #[serde(default)]
+    pub v_bf16: bool,
     /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for
     /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s.
     pub scaling: Scaling,
@@ -213,13 +218,18 @@ fn e4m3() -> Fp8Format {
 }
 
 impl Fp8Spec {
-    /// The variant's code formats in kernel names: `e4m3`, or `e4m3_qkint8` with int8 Q and K.
+    /// The variant's code formats in kernel names: `e4m3`, `e4m3_qkint8` with int8 Q and K,
+    /// and `_vbf16` after either with bf16 V.
     pub fn tag(&self) -> String {
-        if self.qk_format == self.format {
+        let mut t = if self.qk_format == self.format {
             self.format.name().to_string()
         } else {
             format!("{}_qk{}", self.format.name(), self.qk_format.name())
+        };
+        if self.v_bf16 {
+            t.push_str("_vbf16");
         }
+        t
     }
 }
 

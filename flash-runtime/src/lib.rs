@@ -88,7 +88,7 @@ pub use cudarc;
 pub use error::FlashError;
 pub use flash_dsl;
 pub use launch::{
-    BlockMap, Fp8Inputs, LseMut, PackedQueries, PagedKv, ProblemShape, Runtime, TensorMut,
+    BlockMap, Fp8Inputs, Fp8V, LseMut, PackedQueries, PagedKv, ProblemShape, Runtime, TensorMut,
     TensorRef, VarlenBatch,
 };
 pub use variant::{ParamArg, Variant};

@@ -211,6 +211,8 @@ struct Context {
     fp8: bool,
     /// fp8 with int8 Q and K codes (`qk: int8`): Q·Kᵀ on the integer tensor cores.
     fp8_qk_int8: bool,
+    /// fp8 Q and K with bf16 V (`v: bf16`): P·V a bf16 product, no V scales.
+    fp8_v_bf16: bool,
     fp8_type: String,
     /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
     /// block of 128 positions, 1 per (batch, head), 2 per tensor.
@@ -488,6 +490,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         fp8_qk_int8: spec
             .fp8
             .is_some_and(|f| f.qk_format == crate::fp8::Fp8Format::Int8),
+        fp8_v_bf16: spec.fp8.is_some_and(|f| f.v_bf16),
         fp8_type: spec
             .fp8
             .map(|f| f.format.name().to_string())
@@ -498,10 +501,13 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| {
-                // fp8: Q·Kᵀ over Q's and K's codes (int8 with `qk: int8`), P·V over e4m3.
+                // fp8: Q·Kᵀ over Q's and K's codes (int8 with `qk: int8`), P·V over e4m3 (bf16
+                // with `v: bf16`).
                 let ty = spec.fp8.map_or(mma_type, |f| {
                     if w.name == "wgmma_s" {
                         f.qk_format.mma_type()
+                    } else if f.v_bf16 {
+                        "bf16"
                     } else {
                         f.format.mma_type()
                     }

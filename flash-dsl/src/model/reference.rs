@@ -339,19 +339,21 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
 /// and `S` in f32, the score modification applied in f32, the softmax in f32,
 /// then `P` — as an fp8 `P·V` product needs it — multiplied by 256, rounded to e4m3 and scaled
 /// back before `P·V` in f32; the output is rounded to the output dtype (bf16). The LSE is kept
-/// in f32. Dropout is not part of fp8 variants.
+/// in f32. Dropout is not part of fp8 variants. With `v: bf16` P is rounded to bf16 instead
+/// (a bf16 `P·V` product; the ×256 is exact there).
 pub fn forward_fp8_plain(spec: &VariantSpec, p: &Problem) -> Output {
     fn e4m3_p(w: f32) -> f32 {
         let f = crate::fp8::Fp8Format::E4m3;
         f.decode(f.encode(w * 256.0)) / 256.0
     }
+    let v_bf16 = spec.fp8.is_some_and(|f| f.v_bf16);
     forward_plain(
         spec,
         p,
         PlainRounding {
             input: |x| x,
             score: |x| x,
-            p: e4m3_p,
+            p: if v_bf16 { round_bf16 } else { e4m3_p },
             out: rounding(spec.dtype),
         },
     )

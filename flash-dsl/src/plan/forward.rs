@@ -136,16 +136,31 @@ pub fn fp8_operands(
         &[Batch, SeqK, HeadsKv, HeadDimQk],
         Layout::Strided,
     );
-    let mut v = Operand::new(
-        "v",
-        Role::Input,
-        codes,
-        &[Batch, HeadDimV, HeadsKv, SeqPadded],
-        Layout::Strided,
-    );
+    // `v: bf16`: V as the bf16 forward reads it, `[batch, seq_k, heads_kv, dv]`, no scales.
+    let mut v = if fp8.v_bf16 {
+        Operand::new(
+            "v",
+            Role::Input,
+            OperandType::Storage(crate::spec::DType::Bf16),
+            &[Batch, SeqK, HeadsKv, HeadDimV],
+            Layout::Strided,
+        )
+    } else {
+        Operand::new(
+            "v",
+            Role::Input,
+            codes,
+            &[Batch, HeadDimV, HeadsKv, SeqPadded],
+            Layout::Strided,
+        )
+    };
     q.tma_rows = Some(cfg.block_m);
     k.tma_rows = Some(cfg.block_n);
-    v.tma_rows = Some(spec.head_dim_v);
+    v.tma_rows = Some(if fp8.v_bf16 {
+        cfg.block_n
+    } else {
+        spec.head_dim_v
+    });
     let scales = |name: &str, heads: Extent, blocks: Extent| {
         let dims: &[Extent] = match fp8.scaling {
             crate::fp8::Scaling::PerBlock { .. } => &[Batch, heads, blocks],
@@ -160,7 +175,7 @@ pub fn fp8_operands(
             Layout::Contiguous,
         )
     };
-    vec![
+    let mut ops = vec![
         q,
         k,
         v,
@@ -180,8 +195,11 @@ pub fn fp8_operands(
         ),
         scales("q_scale", HeadsQ, ScaleBlocksQ),
         scales("k_scale", HeadsKv, ScaleBlocks),
-        scales("v_scale", HeadsKv, ScaleBlocks),
-    ]
+    ];
+    if !fp8.v_bf16 {
+        ops.push(scales("v_scale", HeadsKv, ScaleBlocks));
+    }
+    ops
 }
 
 /// Bytes of shared memory the sm90ws forward stages O in for its TMA stores: a box of 64 rows

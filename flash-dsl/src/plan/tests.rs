@@ -962,6 +962,40 @@ fn fp8_forward_plan_and_its_limits() {
     assert!(src.contains("constexpr bool QK_INT8 = true;"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"));
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"));
+    // `v: bf16`: V bf16 `[batch, seq_k, heads_kv, dv]` in 128-key TMA boxes, no V scale, a
+    // bf16 P·V (k16, V read transposed); at 256 two stages and one Q tile (225 KB).
+    let v16 = parse("pub F { head_dim: 128, dtype: e4m3, qk: int8, v: bf16 }");
+    let pv = plan(&v16, Some(cfg)).unwrap();
+    let names: Vec<&str> = pv.operands.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["q", "k", "v", "o", "lse", "q_scale", "k_scale", "sched"]
+    );
+    assert_eq!(
+        pv.operands[2].ty,
+        OperandType::Storage(crate::spec::DType::Bf16)
+    );
+    assert_eq!(
+        pv.operands[2].dims,
+        [
+            Extent::Batch,
+            Extent::SeqK,
+            Extent::HeadsKv,
+            Extent::HeadDimV
+        ]
+    );
+    assert_eq!(pv.operands[2].tma_rows, Some(128));
+    let src = crate::emit(&pv).source;
+    assert!(src.contains("constexpr bool V16 = true;"));
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"));
+    let v16w = parse("pub F { head_dim: 256, dtype: e4m3, qk: int8, v: bf16 }");
+    let pw = plan(&v16w, Some(default_config_for(&v16w, KernelFamily::Sm90Ws))).unwrap();
+    assert_eq!(pw.config.stages, 2);
+    assert_eq!(
+        pw.smem_bytes(),
+        1024 + 128 * 256 + 2 * 128 * (256 + 2 * 256)
+    );
     // A spec built in Rust with an int8 V (or e5m2 Q/K) is refused, naming both formats.
     let mut bad = qk8.clone();
     bad.fp8.as_mut().unwrap().format = crate::fp8::Fp8Format::Int8;

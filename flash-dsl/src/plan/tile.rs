@@ -305,7 +305,10 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
                 // does not, and there three beat two by 2.7–4.7 % (H200, same call,
                 // `bench/results/NVIDIA_H200-2026-11-25-fp8-d256.md`).
                 let b = crate::spec::FP8_SCALE_BLOCK;
-                let plain = spec.mask.is_none() && spec.score.is_none();
+                // With bf16 V (`v: bf16`) at 256, three stages of 64 KB V tiles do not fit.
+                let plain = spec.mask.is_none()
+                    && spec.score.is_none()
+                    && !spec.fp8.is_some_and(|f| f.v_bf16);
                 return TileConfig {
                     block_m: b,
                     block_n: b,
@@ -679,11 +682,13 @@ pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
         KernelFamily::Sm80 => 0,
         KernelFamily::Sm90 | KernelFamily::Sm90Ws => 1024,
     };
-    // fp8 inputs: one byte per element (V transposed, `dv` rows of `block_n` keys: the same bytes).
-    let elem = if spec.fp8.is_some() {
-        1
-    } else {
-        spec.dtype.size() as u32
+    // fp8 inputs: one byte per element (V transposed, `dv` rows of `block_n` keys: the same
+    // bytes), V two with `v: bf16`.
+    let (elem, v_elem) = match spec.fp8 {
+        Some(f) => (1, if f.v_bf16 { 2 } else { 1 }),
+        None => (spec.dtype.size() as u32, spec.dtype.size() as u32),
     };
-    align + elem * (cfg.block_m * dqk + cfg.stages * cfg.block_n * (dqk + dv))
+    align
+        + elem * (cfg.block_m * dqk + cfg.stages * cfg.block_n * dqk)
+        + v_elem * cfg.stages * cfg.block_n * dv
 }

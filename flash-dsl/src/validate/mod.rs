@@ -101,6 +101,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut dtype_ok = true;
     let mut fp8 = None;
     let mut qk_ast: Option<&syn::Ident> = None;
+    let mut v_ast: Option<&syn::Ident> = None;
     for entry in &decl.entries {
         let key = entry.key.to_string();
         if !KEYS.contains(&key.as_str()) {
@@ -139,6 +140,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("sparsity", Value::Expr(e)) => sparsity_ast = Some(e),
             ("scales", Value::Expr(e)) => scales_ast = Some(e),
             ("qk", Value::DType(id)) => qk_ast = Some(id),
+            ("v", Value::DType(id)) => v_ast = Some(id),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -311,14 +313,38 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             }
         },
     };
-    let fp8 = fp8
-        .zip(scaling)
-        .zip(qk_format)
-        .map(|((format, scaling), qk_format)| crate::fp8::Fp8Spec {
+    // `v: bf16`: V in bf16 (a bf16 P·V product), Q and K still codes.
+    let v_bf16 = match v_ast {
+        None => Some(false),
+        Some(id) if fp8.is_none() => {
+            if dtype_ok {
+                errs.push(Report::at(
+                    id.span(),
+                    "`v` picks V's type beside fp8 Q and K; it needs `dtype: e4m3`",
+                ));
+            }
+            None
+        }
+        Some(id) => match id.to_string().as_str() {
+            "bf16" => Some(true),
+            "e4m3" => Some(false),
+            other => {
+                errs.push(Report::at(
+                    id.span(),
+                    format!("unknown V type `{other}`; expected bf16 or e4m3"),
+                ));
+                None
+            }
+        },
+    };
+    let fp8 = fp8.zip(scaling).zip(qk_format).zip(v_bf16).map(
+        |(((format, scaling), qk_format), v_bf16)| crate::fp8::Fp8Spec {
             format,
             scaling,
             qk_format,
-        });
+            v_bf16,
+        },
+    );
 
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);

@@ -327,6 +327,7 @@ fn diagnostics() {
             format: Fp8Format::E4m3,
             scaling,
             qk_format: Fp8Format::E4m3,
+            v_bf16: false,
         })
     };
     // Scales per block of 128 positions unless `scales:` says otherwise.
@@ -369,6 +370,21 @@ fn diagnostics() {
     assert_eq!(
         errs[0].message,
         "`qk` picks the code format of fp8 Q and K; it needs `dtype: e4m3`"
+    );
+    // `v: bf16`: V in bf16 beside fp8 Q and K.
+    let vb = parse_str("V { head_dim: 128, dtype: e4m3, qk: int8, v: bf16 }").unwrap();
+    let f = vb[0].fp8.unwrap();
+    assert!(f.v_bf16);
+    assert_eq!(f.tag(), "e4m3_qkint8_vbf16");
+    let errs = parse_str("V { head_dim: 128, dtype: f16, v: bf16 }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`v` picks V's type beside fp8 Q and K; it needs `dtype: e4m3`"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, v: f16 }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "unknown V type `f16`; expected bf16 or e4m3"
     );
     let errs = parse_str("V { head_dim: 128, dtype: e4m3, qk: int4 }").unwrap_err();
     assert_eq!(

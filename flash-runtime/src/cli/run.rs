@@ -685,10 +685,15 @@ fn run_fp8(
         Ok((codes, scales))
     };
     let rotate = a.hadamard_seed.is_some();
-    // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format.
+    // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format (or the
+    // bf16 input itself with `v: bf16`).
     let (cq, sq) = quantise(&q_dev, qs, rotate, false, fp8.qk_format)?;
     let (ck, sk) = quantise(&k_dev, ks, rotate, false, fp8.qk_format)?;
-    let (cv, sv) = quantise(&v_dev, vs, false, true, fp8.format)?;
+    let v_codes = if fp8.v_bf16 {
+        None
+    } else {
+        Some(quantise(&v_dev, vs, false, true, fp8.format)?)
+    };
     let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(spec, given, &stream)?;
     let args = params.args(&stream);
@@ -698,8 +703,13 @@ fn run_fp8(
             q_scale: &sq,
             k: TensorRef::new(&ck, ks, &stream),
             k_scale: &sk,
-            v_t: &cv,
-            v_scale: &sv,
+            v: match &v_codes {
+                Some((cv, sv)) => crate::launch::Fp8V::Codes {
+                    v_t: cv,
+                    v_scale: sv,
+                },
+                None => crate::launch::Fp8V::Bf16(TensorRef::new(&v_dev, vs, &stream)),
+            },
         };
         let mut to = TensorMut::new(&mut o, o_shape, &stream);
         let mut tl = LseMut::new(&mut lse, &stream);

@@ -30,12 +30,24 @@ pub struct Fp8Inputs<'a> {
     pub k: TensorRef<'a>,
     /// K's scales, grouped as Q's (`[batch, heads_kv, ceil(seq_k / 128)]` per block).
     pub k_scale: &'a CudaSlice<f32>,
-    /// V's e4m3 codes transposed, `[batch, heads_kv, d, seq_padded]` contiguous with `seq_padded =
-    /// ceil(seq_k / 128) · 128` and the keys of each group of 32 in
-    /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly this).
-    pub v_t: &'a CudaSlice<u8>,
-    /// V's scales, grouped as Q's.
-    pub v_scale: &'a CudaSlice<f32>,
+    /// V: e4m3 codes with scales, or bf16 for a `v: bf16` variant.
+    pub v: Fp8V<'a>,
+}
+
+/// V of an fp8 forward.
+pub enum Fp8V<'a> {
+    /// e4m3 codes and their scales.
+    Codes {
+        /// V's codes transposed, `[batch, heads_kv, d, seq_padded]` contiguous with `seq_padded
+        /// = ceil(seq_k / 128) · 128` and the keys of each group of 32 in
+        /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly
+        /// this).
+        v_t: &'a CudaSlice<u8>,
+        /// V's scales, grouped as Q's.
+        v_scale: &'a CudaSlice<f32>,
+    },
+    /// bf16 `[batch, seq_k, heads_kv, d]` (strided), as the bf16 forward reads it (`v: bf16`).
+    Bf16(TensorRef<'a>),
 }
 
 impl Runtime {
@@ -94,24 +106,50 @@ impl Runtime {
         let block = FP8_SCALE_BLOCK as usize;
         let (blocks_q, blocks_k) = (x.q.desc.shape[1].div_ceil(block), sk.div_ceil(block));
         let sp = blocks_k * block;
-        // Vᵀ as the kernel's `[batch, d, heads_kv, seq_padded]` view of the quantiser's
-        // `[batch, heads_kv, d, seq_padded]`.
-        let v = TensorRef::strided(
-            x.v_t,
-            [b, d, hkv, sp],
-            [(hkv * d * sp) as i64, sp as i64, (d * sp) as i64, 1],
-            stream,
-        );
-        let mut ops: Vec<OperandArg> = vec![
-            (&x.q.desc).into(),
-            (&x.k.desc).into(),
-            (&v.desc).into(),
-            (&o.desc).into(),
-            lse.into(),
-            tensor::flat_operand(x.q_scale, stream),
-            tensor::flat_operand(x.k_scale, stream),
-            tensor::flat_operand(x.v_scale, stream),
-        ];
+        let v_bf16 = kernel.plan.spec.fp8.is_some_and(|f| f.v_bf16);
+        let mut ops: Vec<OperandArg> = match (&x.v, v_bf16) {
+            (Fp8V::Codes { v_t, v_scale }, false) => {
+                // Vᵀ as the kernel's `[batch, d, heads_kv, seq_padded]` view of the quantiser's
+                // `[batch, heads_kv, d, seq_padded]`.
+                let v = TensorRef::strided(
+                    v_t,
+                    [b, d, hkv, sp],
+                    [(hkv * d * sp) as i64, sp as i64, (d * sp) as i64, 1],
+                    stream,
+                );
+                vec![
+                    (&x.q.desc).into(),
+                    (&x.k.desc).into(),
+                    (&v.desc).into(),
+                    (&o.desc).into(),
+                    lse.into(),
+                    tensor::flat_operand(x.q_scale, stream),
+                    tensor::flat_operand(x.k_scale, stream),
+                    tensor::flat_operand(v_scale, stream),
+                ]
+            }
+            (Fp8V::Bf16(v), true) => vec![
+                (&x.q.desc).into(),
+                (&x.k.desc).into(),
+                (&v.desc).into(),
+                (&o.desc).into(),
+                lse.into(),
+                tensor::flat_operand(x.q_scale, stream),
+                tensor::flat_operand(x.k_scale, stream),
+            ],
+            (_, true) => {
+                return Err(invalid(format!(
+                    "kernel `{}` reads V in bf16 (its variant declares `v: bf16`); pass Fp8V::Bf16",
+                    kernel.plan.kernel_name
+                )))
+            }
+            (_, false) => {
+                return Err(invalid(format!(
+                    "kernel `{}` reads V as e4m3 codes with scales; pass Fp8V::Codes (`v: bf16` takes a bf16 V)",
+                    kernel.plan.kernel_name
+                )))
+            }
+        };
         if kernel
             .plan
             .operand(flash_dsl::plan::forward::SCHED_OPERAND)

@@ -52,7 +52,7 @@ pub mod varlen;
 pub use block_map::BlockMap;
 use check::invalid;
 pub use check::{contiguous, Extents};
-pub use fp8::Fp8Inputs;
+pub use fp8::{Fp8Inputs, Fp8V};
 pub use splitkv::{PackedQueries, PagedKv, SPLITKV_MAX_ROWS};
 pub use tensor::{
     contiguous_strides, ElemType, LseMut, OperandArg, TensorDesc, TensorElem, TensorMut, TensorRef,
