@@ -107,36 +107,20 @@ impl Runtime {
         let (blocks_q, blocks_k) = (x.q.desc.shape[1].div_ceil(block), sk.div_ceil(block));
         let sp = blocks_k * block;
         let v_bf16 = kernel.plan.spec.fp8.is_some_and(|f| f.v_bf16);
-        let mut ops: Vec<OperandArg> = match (&x.v, v_bf16) {
-            (Fp8V::Codes { v_t, v_scale }, false) => {
+        let codes_view;
+        let v = match (&x.v, v_bf16) {
+            (Fp8V::Codes { v_t, .. }, false) => {
                 // Vᵀ as the kernel's `[batch, d, heads_kv, seq_padded]` view of the quantiser's
                 // `[batch, heads_kv, d, seq_padded]`.
-                let v = TensorRef::strided(
+                codes_view = TensorRef::strided(
                     v_t,
                     [b, d, hkv, sp],
                     [(hkv * d * sp) as i64, sp as i64, (d * sp) as i64, 1],
                     stream,
                 );
-                vec![
-                    (&x.q.desc).into(),
-                    (&x.k.desc).into(),
-                    (&v.desc).into(),
-                    (&o.desc).into(),
-                    lse.into(),
-                    tensor::flat_operand(x.q_scale, stream),
-                    tensor::flat_operand(x.k_scale, stream),
-                    tensor::flat_operand(v_scale, stream),
-                ]
+                &codes_view
             }
-            (Fp8V::Bf16(v), true) => vec![
-                (&x.q.desc).into(),
-                (&x.k.desc).into(),
-                (&v.desc).into(),
-                (&o.desc).into(),
-                lse.into(),
-                tensor::flat_operand(x.q_scale, stream),
-                tensor::flat_operand(x.k_scale, stream),
-            ],
+            (Fp8V::Bf16(v), true) => v,
             (_, true) => {
                 return Err(invalid(format!(
                     "kernel `{}` reads V in bf16 (its variant declares `v: bf16`); pass Fp8V::Bf16",
@@ -150,6 +134,18 @@ impl Runtime {
                 )))
             }
         };
+        let mut ops: Vec<OperandArg> = vec![
+            (&x.q.desc).into(),
+            (&x.k.desc).into(),
+            (&v.desc).into(),
+            (&o.desc).into(),
+            lse.into(),
+            tensor::flat_operand(x.q_scale, stream),
+            tensor::flat_operand(x.k_scale, stream),
+        ];
+        if let Fp8V::Codes { v_scale, .. } = &x.v {
+            ops.push(tensor::flat_operand(v_scale, stream));
+        }
         if kernel
             .plan
             .operand(flash_dsl::plan::forward::SCHED_OPERAND)
