@@ -290,53 +290,25 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         }),
     };
     // `qk: int8`: Q and K as int8 codes (Q·Kᵀ on the integer tensor cores), V still e4m3.
-    let qk_format = match qk_ast {
-        None => fp8,
-        Some(id) if fp8.is_none() => {
-            if dtype_ok {
-                errs.push(Report::at(
-                    id.span(),
-                    "`qk` picks the code format of fp8 Q and K; it needs `dtype: e4m3`",
-                ));
-            }
-            None
-        }
-        Some(id) => match id.to_string().as_str() {
-            "int8" => Some(crate::fp8::Fp8Format::Int8),
-            "e4m3" => fp8,
-            other => {
-                errs.push(Report::at(
-                    id.span(),
-                    format!("unknown Q/K code format `{other}`; expected int8 or e4m3"),
-                ));
-                None
-            }
-        },
-    };
+    use crate::fp8::Fp8Format;
+    let qk_format = fp8_choice(
+        qk_ast,
+        (fp8.is_some(), dtype_ok),
+        (
+            "`qk` picks the code format of fp8 Q and K",
+            "Q/K code format",
+        ),
+        &[("int8", Fp8Format::Int8), ("e4m3", Fp8Format::E4m3)],
+        &mut errs,
+    );
     // `v: bf16`: V in bf16 (a bf16 P·V product), Q and K still codes.
-    let v_bf16 = match v_ast {
-        None => Some(false),
-        Some(id) if fp8.is_none() => {
-            if dtype_ok {
-                errs.push(Report::at(
-                    id.span(),
-                    "`v` picks V's type beside fp8 Q and K; it needs `dtype: e4m3`",
-                ));
-            }
-            None
-        }
-        Some(id) => match id.to_string().as_str() {
-            "bf16" => Some(true),
-            "e4m3" => Some(false),
-            other => {
-                errs.push(Report::at(
-                    id.span(),
-                    format!("unknown V type `{other}`; expected bf16 or e4m3"),
-                ));
-                None
-            }
-        },
-    };
+    let v_bf16 = fp8_choice(
+        v_ast,
+        (fp8.is_some(), dtype_ok),
+        ("`v` picks V's type beside fp8 Q and K", "V type"),
+        &[("bf16", true), ("e4m3", false)],
+        &mut errs,
+    );
     let fp8 = fp8.zip(scaling).zip(qk_format).zip(v_bf16).map(
         |(((format, scaling), qk_format), v_bf16)| crate::fp8::Fp8Spec {
             format,
@@ -366,6 +338,48 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         sparsity,
         fp8,
     })
+}
+
+/// A word that only fp8 variants take (`qk: int8`, `v: bf16`): the value of `id` among
+/// `choices` (the last one when absent), or an error at its token — naming the key's use
+/// (`what.0`) when the variant is not fp8 (and its dtype is otherwise fine), or the kind of
+/// value (`what.1`) and the accepted words when the word is unknown.
+fn fp8_choice<T: Copy>(
+    id: Option<&syn::Ident>,
+    (fp8, dtype_ok): (bool, bool),
+    what: (&str, &str),
+    choices: &[(&str, T)],
+    errs: &mut Vec<Report>,
+) -> Option<T> {
+    let default = choices.last().map(|c| c.1);
+    let Some(id) = id else {
+        return default;
+    };
+    if !fp8 {
+        if dtype_ok {
+            errs.push(Report::at(
+                id.span(),
+                format!("{}; it needs `dtype: e4m3`", what.0),
+            ));
+        }
+        return None;
+    }
+    let word = id.to_string();
+    match choices.iter().find(|c| c.0 == word) {
+        Some(c) => Some(c.1),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|c| c.0).collect();
+            errs.push(Report::at(
+                id.span(),
+                format!(
+                    "unknown {} `{word}`; expected {}",
+                    what.1,
+                    names.join(" or ")
+                ),
+            ));
+            None
+        }
+    }
 }
 
 /// `scales: per_block(128) | per_head | per_tensor`: how an fp8 variant's scales are grouped. A

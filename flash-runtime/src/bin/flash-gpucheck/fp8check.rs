@@ -357,21 +357,20 @@ fn run_fp8(
         st.clone_htod(&x.k.0).map_err(drv)?,
         st.clone_htod(&x.k.1).map_err(drv)?,
     );
-    // With bf16 V the codes and scales are empty: one unused element each (no zero-size copies).
-    let (vt, vs) = if x.v16.is_some() {
-        (
-            st.clone_htod(&[0u8]).map_err(drv)?,
-            st.clone_htod(&[0f32]).map_err(drv)?,
-        )
-    } else {
-        (
+    // V on the device: the bf16 tensor (`v: bf16`), or the transposed codes and their scales.
+    enum DevV {
+        Bf16(cudarc::driver::CudaSlice<u16>),
+        Codes(
+            cudarc::driver::CudaSlice<u8>,
+            cudarc::driver::CudaSlice<f32>,
+        ),
+    }
+    let dev_v = match &x.v16 {
+        Some(bits) => DevV::Bf16(st.clone_htod(bits).map_err(drv)?),
+        None => DevV::Codes(
             st.clone_htod(&x.v_t.0).map_err(drv)?,
             st.clone_htod(&x.v_t.1).map_err(drv)?,
-        )
-    };
-    let v16 = match &x.v16 {
-        Some(bits) => Some(st.clone_htod(bits).map_err(drv)?),
-        None => None,
+        ),
     };
     // O poisoned (NaN bits) so that an element the kernel does not write shows.
     let mut o = st
@@ -383,11 +382,11 @@ fn run_fp8(
         q_scale: &qs,
         k: TensorRef::new(&k, [b, sk, hkv, d], st),
         k_scale: &ks,
-        v: match &v16 {
-            Some(v) => flash_runtime::Fp8V::Bf16(TensorRef::new(v, [b, sk, hkv, d], st)),
-            None => flash_runtime::Fp8V::Codes {
-                v_t: &vt,
-                v_scale: &vs,
+        v: match &dev_v {
+            DevV::Bf16(v) => flash_runtime::Fp8V::Bf16(TensorRef::new(v, [b, sk, hkv, d], st)),
+            DevV::Codes(vt, vs) => flash_runtime::Fp8V::Codes {
+                v_t: vt,
+                v_scale: vs,
             },
         },
     };
