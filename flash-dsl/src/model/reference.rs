@@ -249,6 +249,7 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
             score: round,
             p: round,
             out: round,
+            tiles: None,
         },
     )
 }
@@ -261,6 +262,11 @@ struct PlainRounding {
     score: fn(f32) -> f32,
     p: fn(f32) -> f32,
     out: fn(f32) -> f32,
+    /// `Some(n)`: the softmax as a flash kernel runs it, over tiles of `n` keys with a running
+    /// max — `p` rounds each tile's unnormalised probabilities (relative to the running max),
+    /// the output accumulates them rescaled, and the sum of the unrounded ones divides at the
+    /// end. `None`: normalised probabilities, rounded once.
+    tiles: Option<usize>,
 }
 
 /// The plain implementations' shared body (see [`forward_lowp`], [`forward_fp8_plain`]).
@@ -270,6 +276,7 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
         score: round_s,
         p: round_p,
         out: round_out,
+        tiles,
     } = r;
     p.check(spec);
     let (dqk, dv) = (spec.head_dim_qk as usize, spec.head_dim_v as usize);
@@ -310,6 +317,37 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
                 if m == f32::NEG_INFINITY {
                     continue;
                 }
+                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
+                if let Some(n) = tiles {
+                    // Tile by tile (keys in order), as the kernel walks them.
+                    let (mut m_run, mut l) = (f32::NEG_INFINITY, 0f32);
+                    acc.iter_mut().for_each(|a| *a = 0.0);
+                    for tile in scores.chunk_by(|a, b| a.0 / n == b.0 / n) {
+                        let m_tile = tile.iter().map(|s| s.1).fold(f32::NEG_INFINITY, f32::max);
+                        let m_new = m_run.max(m_tile);
+                        if m_new == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let alpha = (m_run - m_new).exp();
+                        l *= alpha;
+                        acc.iter_mut().for_each(|a| *a *= alpha);
+                        for &(j, s) in tile {
+                            let e = (s - m_new).exp();
+                            l += e;
+                            let w = round_p(e);
+                            let vrow = &v[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dv)..][..dv];
+                            for (a, v) in acc.iter_mut().zip(vrow) {
+                                *a += w * v;
+                            }
+                        }
+                        m_run = m_new;
+                    }
+                    for (o, a) in out.o[orow..orow + dv].iter_mut().zip(&acc) {
+                        *o = round_out(*a / l) as f64;
+                    }
+                    out.lse[(b * p.heads_q + h) * p.seq_q + i] = (m_run + l.ln()) as f64;
+                    continue;
+                }
                 let l: f32 = scores.iter().map(|&(_, s)| (s - m).exp()).sum();
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for &(j, s) in &scores {
@@ -323,7 +361,6 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
                         *a += w * v;
                     }
                 }
-                let orow = Problem::row(b, i, h, p.seq_q, p.heads_q, dv);
                 for (o, a) in out.o[orow..orow + dv].iter_mut().zip(&acc) {
                     *o = round_out(*a) as f64;
                 }
@@ -342,21 +379,32 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
 /// in f32. Dropout is not part of fp8 variants. With `v: bf16` P is rounded to bf16 instead
 /// (a bf16 `P·V` product; the ×256 is exact there).
 pub fn forward_fp8_plain(spec: &VariantSpec, p: &Problem) -> Output {
+    forward_plain(spec, p, fp8_rounding(spec, None))
+}
+
+/// [`forward_fp8_plain`] with the softmax as the fp8 kernel runs it: tiles of `block_n` keys, a
+/// running max, each tile's probabilities relative to the running max ×256 rounded to e4m3
+/// (bf16 with `v: bf16`), the output rescaled as the max moves, divided at the end by the sum
+/// of the unrounded probabilities. The same rounding as the plain implementation at another
+/// point: the spread between the two is the spread of the fp8 rule's comparison
+/// (`06_fp8_rule_spread`).
+pub fn forward_fp8_tiled(spec: &VariantSpec, p: &Problem, block_n: usize) -> Output {
+    forward_plain(spec, p, fp8_rounding(spec, Some(block_n)))
+}
+
+fn fp8_rounding(spec: &VariantSpec, tiles: Option<usize>) -> PlainRounding {
     fn e4m3_p(w: f32) -> f32 {
         let f = crate::fp8::Fp8Format::E4m3;
         f.decode(f.encode(w * 256.0)) / 256.0
     }
     let v_bf16 = spec.fp8.is_some_and(|f| f.v_bf16);
-    forward_plain(
-        spec,
-        p,
-        PlainRounding {
-            input: |x| x,
-            score: |x| x,
-            p: if v_bf16 { round_bf16 } else { e4m3_p },
-            out: rounding(spec.dtype),
-        },
-    )
+    PlainRounding {
+        input: |x| x,
+        score: |x| x,
+        p: if v_bf16 { round_bf16 } else { e4m3_p },
+        out: rounding(spec.dtype),
+        tiles,
+    }
 }
 
 /// Rounds to the nearest bfloat16 (ties to even).
@@ -450,6 +498,39 @@ mod tests {
             err16 > 0.0 && err16 < err,
             "f16 error {err16} vs bf16 {err}"
         );
+    }
+
+    /// The fp8 kernel's rounding model against the normalised one: both near float64, the tiled
+    /// one exact in the LSE (its sum is of unrounded probabilities) and, with the rounding of P
+    /// its only error, no worse in RMSE; and with one tile (all keys) and no rounding of P it is
+    /// the float64 answer up to f32 arithmetic.
+    #[test]
+    fn fp8_tiled_model_rounds_like_the_plain_one() {
+        let spec = dense(64); // no `v: bf16`: P rounded to e4m3
+        let rms = |a: &[f64], b: &[f64]| {
+            (a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>() / a.len() as f64).sqrt()
+        };
+        for seed in 0..3 {
+            let p = Problem::random(&spec, 1, 2, 2, 200, 300, ParamValues::none(), seed);
+            let exact = forward(&spec, &p);
+            let plain = forward_fp8_plain(&spec, &p);
+            let tiled = forward_fp8_tiled(&spec, &p, 128);
+            let (e_plain, e_tiled) = (rms(&plain.o, &exact.o), rms(&tiled.o, &exact.o));
+            assert!(
+                e_tiled > 0.0 && e_tiled <= 1.25 * e_plain,
+                "{e_tiled} vs {e_plain}"
+            );
+            assert!(max_abs_diff(&tiled.lse, &exact.lse) < 1e-5);
+            let exact_p = PlainRounding {
+                input: |x| x,
+                score: |x| x,
+                p: |x| x,
+                out: |x| x,
+                tiles: Some(128),
+            };
+            let unrounded = forward_plain(&spec, &p, exact_p);
+            assert!(max_abs_diff(&unrounded.o, &exact.o) < 1e-5);
+        }
     }
 
     #[test]
