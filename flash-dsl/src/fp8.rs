@@ -519,9 +519,67 @@ pub fn smooth_keys(k: &mut [f64], shape: [usize; 4]) -> Vec<f64> {
     means
 }
 
+/// [`smooth_keys`] in f32, operation for operation as the quantisation kernel does it
+/// (`QuantSpec::smooth`): per (batch, head) and block of `block_rows` positions, each column's
+/// sum in row order; the blocks' sums in block order; `mean = sum / seq`; each value minus its
+/// column's mean — every step one f32 operation rounded to nearest, so the kernel's codes can be
+/// checked bit for bit. `x` is `[batch, seq, heads, d]`; returns the means `[batch, heads, d]`.
+pub fn smooth_keys_f32(x: &mut [f32], shape: [usize; 4], block_rows: usize) -> Vec<f32> {
+    let [b, s, h, d] = shape;
+    let mut means = vec![0f32; b * h * d];
+    for bi in 0..b {
+        for hi in 0..h {
+            let at = |pos: usize| ((bi * s + pos) * h + hi) * d;
+            let m = &mut means[(bi * h + hi) * d..][..d];
+            for (c, mean) in m.iter_mut().enumerate() {
+                let mut total = 0f32;
+                for r0 in (0..s).step_by(block_rows.max(1)) {
+                    let mut sum = 0f32;
+                    for pos in r0..(r0 + block_rows).min(s) {
+                        sum += x[at(pos) + c];
+                    }
+                    total += sum;
+                }
+                *mean = total / s.max(1) as f32;
+            }
+            for pos in 0..s {
+                for (v, mu) in x[at(pos)..][..d].iter_mut().zip(m.iter()) {
+                    *v -= mu;
+                }
+            }
+        }
+    }
+    means
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smoothing_in_f32_matches_the_f64_model() {
+        let shape = [2, 300, 3, 16];
+        let x64 = attention_inputs(shape.iter().product(), true, 9);
+        let mut k64 = x64.clone();
+        let mu64 = smooth_keys(&mut k64, shape);
+        let mut k32: Vec<f32> = x64.iter().map(|&v| v as f32).collect();
+        let mu32 = smooth_keys_f32(&mut k32, shape, 128);
+        for (a, e) in mu32.iter().zip(&mu64) {
+            assert!((*a as f64 - e).abs() < 1e-5, "{a} vs {e}");
+        }
+        for (a, e) in k32.iter().zip(&k64) {
+            assert!((*a as f64 - e).abs() < 1e-5, "{a} vs {e}");
+        }
+        // Each (batch, head, column) of the smoothed keys sums to about zero.
+        let [b, s, h, d] = shape;
+        for i in 0..b * h * d {
+            let (bi, hi, c) = (i / (h * d), (i / d) % h, i % d);
+            let sum: f64 = (0..s)
+                .map(|p| k32[((bi * s + p) * h + hi) * d + c] as f64)
+                .sum();
+            assert!(sum.abs() < 1e-3, "{sum}");
+        }
+    }
 
     #[test]
     fn every_code_round_trips_and_ties_go_to_even() {

@@ -307,10 +307,22 @@ fn quantisation_kernels_compile_without_spills() {
                         transpose,
                         group,
                         amax_pass: false,
+                        smooth: false,
+                        sum_pass: false,
                     };
                     jobs.push(plan_quantize(&q).unwrap());
                     if let Some(first) = q.amax_pass().filter(|_| !transpose) {
                         jobs.push(plan_quantize(&first).unwrap());
+                    }
+                    // K smoothed (not V): its column-sum pass, and the amax pass of a
+                    // per-head or per-tensor one reading the sums.
+                    if !transpose {
+                        let sm = QuantSpec { smooth: true, ..q };
+                        jobs.push(plan_quantize(&sm).unwrap());
+                        jobs.push(plan_quantize(&sm.sum_pass().unwrap()).unwrap());
+                        if let Some(first) = sm.amax_pass() {
+                            jobs.push(plan_quantize(&first).unwrap());
+                        }
                     }
                     // int8 codes for Q and K (`qk: int8`), from bf16.
                     if input == DType::Bf16 && !transpose {

@@ -202,6 +202,10 @@ struct Context {
     quant_group: u32,
     quant_amax_pass: bool,
     quant_reads_amax: bool,
+    /// The quantiser subtracts K's mean over positions first (`QuantSpec::smooth`), and whether
+    /// this is its column-sum pass.
+    quant_smooth: bool,
+    quant_sum_pass: bool,
     quant_type: String,
     /// The quantiser writes int8 codes (not an fp8 conversion).
     quant_int8: bool,
@@ -471,6 +475,8 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         quant_reads_amax: plan
             .quant
             .is_some_and(|q| !q.amax_pass && q.group != crate::plan::quantize::ScaleGroup::Block),
+        quant_smooth: plan.quant.is_some_and(|q| q.smooth),
+        quant_sum_pass: plan.quant.is_some_and(|q| q.sum_pass),
         quant_int8: plan
             .quant
             .is_some_and(|q| q.format == crate::fp8::Fp8Format::Int8),

@@ -54,6 +54,19 @@ pub struct QuantSpec {
     /// amaxes only, no codes and no scales.
     #[serde(default)]
     pub amax_pass: bool,
+    /// Smooth K first: subtract from each row the mean over the positions of its (batch, head)
+    /// (before the rotation), which moves every score of a query row by the same amount — the
+    /// softmax, and so O, are unchanged, the LSE moves by that amount, and the codes spend their
+    /// range on what differs between keys. For K only (V's mean would change O). Takes a first
+    /// pass ([`QuantSpec::sum_pass`]) writing each block's column sums into a scratch `[batch,
+    /// heads, blocks, d]` tensor; the later passes reduce their (batch, head)'s sums in block
+    /// order, so the mean is the same f32 value in every block and equal to
+    /// [`crate::fp8::smooth_keys_f32`]'s.
+    #[serde(default)]
+    pub smooth: bool,
+    /// The first pass of a smoothing quantisation (see [`QuantSpec::smooth`]): column sums only.
+    #[serde(default)]
+    pub sum_pass: bool,
 }
 
 /// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]). The
@@ -92,6 +105,9 @@ pub const SCALES_OPERAND: &str = "scales";
 pub const AMAX_OPERAND: &str = "amax";
 /// The rotation's signs, `[head_dim]` f32 (±1), with `hadamard`.
 pub const SIGNS_OPERAND: &str = "signs";
+/// The column sums of each block of a smoothing quantisation, `[batch, heads, scale_blocks,
+/// head_dim]` f32: written by its first pass, read by the others.
+pub const COLSUM_OPERAND: &str = "colsum";
 
 /// Threads per block of the kernel.
 /// Threads a block: the block's rows sit in shared memory as f32 (64 KB at d 128, 128 KB at 256),
@@ -123,6 +139,14 @@ impl QuantSpec {
         if self.format == Fp8Format::Int8 && self.transpose {
             return Err("int8 codes are for Q and K; V (the transposed layout) stays e4m3".into());
         }
+        if self.smooth && self.transpose {
+            return Err(
+                "smoothing subtracts K's mean over keys; V (the transposed layout) is never smoothed: its mean would change O".into(),
+            );
+        }
+        if self.sum_pass && (!self.smooth || self.amax_pass) {
+            return Err("the column-sum pass belongs to a smoothing quantisation, alone".into());
+        }
         if self.hadamard && !self.head_dim.is_power_of_two() {
             return Err(format!(
                 "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got {}",
@@ -138,10 +162,11 @@ impl QuantSpec {
     }
 
     /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had` (`_t` transposed,
-    /// `_head` / `_tensor` for those groups, `_amax` for their first pass).
+    /// `_head` / `_tensor` for those groups, `_amax` for their first pass, `_smooth` smoothed and
+    /// `_sum` for its first pass).
     pub fn kernel_name(&self) -> String {
         format!(
-            "flash_quant_{}_{}_d{}_r{}{}{}{}{}",
+            "flash_quant_{}_{}_d{}_r{}{}{}{}{}{}{}",
             self.format.name(),
             self.input.name(),
             self.head_dim,
@@ -154,17 +179,33 @@ impl QuantSpec {
                 ScaleGroup::Tensor => "_tensor",
             },
             if self.amax_pass { "_amax" } else { "" },
+            if self.smooth { "_smooth" } else { "" },
+            if self.sum_pass { "_sum" } else { "" },
         )
+    }
+
+    /// The column-sum pass of this smoothing quantisation; `None` without smoothing (or for a
+    /// pass of one).
+    pub fn sum_pass(&self) -> Option<QuantSpec> {
+        (self.smooth && !self.sum_pass && !self.amax_pass).then_some(QuantSpec {
+            sum_pass: true,
+            hadamard: false,
+            transpose: false,
+            group: ScaleGroup::Block,
+            ..*self
+        })
     }
 
     /// The first pass of this (per-head or per-tensor) quantisation; `None` for per-block
     /// scales, which take one.
     pub fn amax_pass(&self) -> Option<QuantSpec> {
-        (self.group != ScaleGroup::Block && !self.amax_pass).then_some(QuantSpec {
-            amax_pass: true,
-            transpose: false,
-            ..*self
-        })
+        (self.group != ScaleGroup::Block && !self.amax_pass && !self.sum_pass).then_some(
+            QuantSpec {
+                amax_pass: true,
+                transpose: false,
+                ..*self
+            },
+        )
     }
 
     /// The f32 normalisation of the rotation, `1/√d` rounded to f32 (the host model uses the
@@ -190,6 +231,8 @@ impl QuantSpec {
 ///     transpose: false,
 ///     group: Default::default(),
 ///     amax_pass: false,
+///     smooth: false,
+///     sum_pass: false,
 /// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
@@ -220,6 +263,19 @@ impl QuantSpec {
 /// let names: Vec<&str> = second.operands.iter().map(|o| o.name.as_str()).collect();
 /// assert_eq!(names, ["x", "codes", "scales", "signs", "amax"]);
 /// assert_eq!(second.operands[2].dims.len(), 2);
+///
+/// // Smoothing K: a first pass writes each block's column sums, the encoding reads them.
+/// let smooth = QuantSpec { smooth: true, ..q };
+/// let sums = plan_quantize(&smooth.sum_pass().unwrap()).unwrap();
+/// assert_eq!(sums.kernel_name, "flash_quant_e4m3_bf16_d128_r128_smooth_sum");
+/// let names: Vec<&str> = sums.operands.iter().map(|o| o.name.as_str()).collect();
+/// assert_eq!(names, ["x", "colsum"]);
+/// let enc = plan_quantize(&smooth).unwrap();
+/// let names: Vec<&str> = enc.operands.iter().map(|o| o.name.as_str()).collect();
+/// assert_eq!(names, ["x", "codes", "scales", "signs", "colsum"]);
+/// // Never V.
+/// let e = plan_quantize(&QuantSpec { transpose: true, ..smooth });
+/// assert!(e.unwrap_err().to_string().contains("never smoothed"));
 /// ```
 pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     q.check().map_err(PlanError::Quantize)?;
@@ -262,8 +318,20 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             Layout::Contiguous,
         )
     };
+    let colsum = |role| {
+        Operand::new(
+            COLSUM_OPERAND,
+            role,
+            OperandType::F32,
+            &[Batch, HeadsQ, ScaleBlocks, HeadDimQk],
+            Layout::Contiguous,
+        )
+    };
     let mut operands = vec![x];
-    if !q.amax_pass {
+    if q.sum_pass {
+        operands.push(colsum(Role::Output));
+    }
+    if !q.amax_pass && !q.sum_pass {
         operands.push(Operand::new(
             CODES_OPERAND,
             Role::Output,
@@ -287,7 +355,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             Layout::Contiguous,
         ));
     }
-    if q.hadamard {
+    if q.hadamard && !q.sum_pass {
         operands.push(Operand::new(
             SIGNS_OPERAND,
             Role::Input,
@@ -298,8 +366,11 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     }
     if q.amax_pass {
         operands.push(amax(Role::Output));
-    } else if q.group != ScaleGroup::Block {
+    } else if q.group != ScaleGroup::Block && !q.sum_pass {
         operands.push(amax(Role::Input));
+    }
+    if q.smooth && !q.sum_pass {
+        operands.push(colsum(Role::Input));
     }
     let mut scalars = vec![
         ArgField::Size(Batch),

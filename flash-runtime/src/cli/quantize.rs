@@ -3,7 +3,7 @@
 //! ```text
 //! flash quantize --x X.npy --codes CODES.npy --scales SCALES.npy [--dtype bf16|f16]
 //!                [--block-rows 64|128] [--per block|head|tensor] [--hadamard-seed N]
-//!                [--transpose] [--format e4m3|int8] [--gpu N]
+//!                [--transpose] [--smooth] [--format e4m3|int8] [--gpu N]
 //! ```
 //!
 //! X is `[batch, seq, heads, d]` (any float `.npy`, rounded to `--dtype` first, as `flash run`
@@ -15,7 +15,9 @@
 //! (`random_signs(d, N)`) first; rotate Q and K with the same seed. The arguments and the input
 //! are checked before the GPU is touched. `--format int8` writes int8 codes (their two's-complement
 //! bytes, `uint8` in the file; `x ≈ code · scale`, scale = amax / 127) for the Q and K of a
-//! variant declared `qk: int8`.
+//! variant declared `qk: int8`. `--smooth` (K only) subtracts each (batch, head)'s mean over
+//! positions from its rows before the rotation: the softmax, and so O, do not change, the LSE
+//! moves by `scale · q·mean` per query row.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,6 +59,9 @@ pub struct QuantizeArgs {
     /// Write the codes transposed for an fp8 P·V product (V).
     #[arg(long)]
     pub transpose: bool,
+    /// Smooth K: subtract each (batch, head)'s mean over positions first (not for V).
+    #[arg(long)]
+    pub smooth: bool,
     /// The codes' format: `e4m3`, or `int8` (Q and K of a `qk: int8` variant).
     #[arg(long, default_value = "e4m3")]
     pub format: String,
@@ -115,6 +120,8 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         transpose: a.transpose,
         group,
         amax_pass: false,
+        smooth: a.smooth,
+        sum_pass: false,
     };
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;

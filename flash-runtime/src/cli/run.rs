@@ -673,6 +673,8 @@ fn run_fp8(
             transpose,
             group,
             amax_pass: false,
+            smooth: false,
+            sum_pass: false,
         };
         let qk = rt.load_quantize(&qspec)?;
         rt.quantize(

@@ -14,9 +14,17 @@ use super::{LoadedKernel, Runtime};
 use crate::error::FlashError;
 use crate::prepared::PreparedLaunch;
 
-/// The first pass of a per-head or per-tensor quantisation: its kernel and the block-amax
-/// scratch it fills.
-type AmaxPass = (Arc<LoadedKernel>, CudaSlice<f32>);
+/// A first pass: its kernel and the scratch it fills (block amaxes of a per-head or per-tensor
+/// quantisation, or block column sums of a smoothing one).
+type Pass = (Arc<LoadedKernel>, CudaSlice<f32>);
+
+/// The passes before the encoding kernel: K's column sums (smoothing), then the block amaxes
+/// (one scale per head or tensor).
+#[derive(Default)]
+struct FirstPasses {
+    sum: Option<Pass>,
+    amax: Option<Pass>,
+}
 
 impl Runtime {
     /// Loads (memoised) the quantisation kernel of `q`. Errors: the plan's rules (block rows,
@@ -39,7 +47,8 @@ impl Runtime {
     /// heads, blocks]` with `blocks = ceil(seq / block_rows)`, `[batch, heads]` for per-head
     /// scales, one value for per-tensor ones), through `kernel` from [`Runtime::load_quantize`];
     /// `signs` (`[d]`, ±1) is the rotation's diagonal when the kernel rotates. Per-head and
-    /// per-tensor scales take two launches (block amaxes into scratch, then the codes). Checked
+    /// per-tensor scales take two launches (block amaxes into scratch, then the codes), and a
+    /// smoothing kernel (`QuantSpec::smooth`, K only) one more before them (column sums). Checked
     /// like every launch (shapes, strides, buffer lengths, devices); asynchronous.
     pub fn quantize(
         &self,
@@ -49,7 +58,7 @@ impl Runtime {
         codes: &mut CudaSlice<u8>,
         scales: &mut CudaSlice<f32>,
     ) -> Result<(), FlashError> {
-        let mut first = self.amax_pass_of(kernel, x)?;
+        let mut first = self.first_passes(kernel, x)?;
         let launches = self.prepare_quantize(kernel, &mut first, x, signs, codes, scales)?;
         for l in &launches {
             self.launch_checked(l)?;
@@ -68,32 +77,48 @@ impl Runtime {
         scales: &mut CudaSlice<f32>,
         (warmup, iters): (usize, usize),
     ) -> Result<f32, FlashError> {
-        let mut first = self.amax_pass_of(kernel, x)?;
+        let mut first = self.first_passes(kernel, x)?;
         let launches = self.prepare_quantize(kernel, &mut first, x, signs, codes, scales)?;
         self.time_launches(&launches, warmup, iters, None)
     }
 
-    /// The first-pass kernel and its block-amax scratch (`[batch, heads, blocks]`, written in
-    /// full by that pass before the second reads it) where `kernel` scales per head or tensor.
-    fn amax_pass_of(
+    /// The first-pass kernels and their scratch where `kernel` smooths (column sums, `[batch,
+    /// heads, blocks, d]`) or scales per head or tensor (block amaxes, `[batch, heads,
+    /// blocks]`); each is written in full by its pass before a later one reads it.
+    fn first_passes(
         &self,
         kernel: &LoadedKernel,
         x: &TensorRef<'_>,
-    ) -> Result<Option<AmaxPass>, FlashError> {
-        let Some(first) = kernel.plan.quant.and_then(|q| q.amax_pass()) else {
-            return Ok(None);
+    ) -> Result<FirstPasses, FlashError> {
+        let Some(q) = kernel.plan.quant else {
+            return Ok(FirstPasses::default());
         };
-        let [b, s, h, _] = x.desc.shape;
-        let n = (b * h * s.div_ceil(first.block_rows as usize)).max(1);
-        let scratch = crate::ffi::alloc_scratch_f32(self.stream(), n)
-            .map_err(|e| super::driver("allocating the block amaxes", e))?;
-        Ok(Some((self.load_quantize(&first)?, scratch)))
+        let [b, s, h, d] = x.desc.shape;
+        let blocks = b * h * s.div_ceil(q.block_rows as usize);
+        let scratch = |n: usize, what: &str| {
+            crate::ffi::alloc_scratch_f32(self.stream(), n.max(1))
+                .map_err(|e| super::driver(&format!("allocating the {what}"), e))
+        };
+        let mut passes = FirstPasses::default();
+        if let Some(first) = q.sum_pass() {
+            passes.sum = Some((
+                self.load_quantize(&first)?,
+                scratch(blocks * d, "column sums")?,
+            ));
+        }
+        if let Some(first) = q.amax_pass() {
+            passes.amax = Some((
+                self.load_quantize(&first)?,
+                scratch(blocks, "block amaxes")?,
+            ));
+        }
+        Ok(passes)
     }
 
     fn prepare_quantize<'a>(
         &'a self,
         kernel: &'a LoadedKernel,
-        first: &'a mut Option<AmaxPass>,
+        first: &'a mut FirstPasses,
         x: &TensorRef<'_>,
         signs: Option<&CudaSlice<f32>>,
         codes: &mut CudaSlice<u8>,
@@ -105,7 +130,7 @@ impl Runtime {
                 kernel.plan.kernel_name
             ))
         })?;
-        if q.amax_pass {
+        if q.amax_pass || q.sum_pass {
             return Err(super::check::invalid(format!(
                 "kernel `{}` is the first pass of a two-pass quantisation; pass the kernel of the quantisation itself",
                 kernel.plan.kernel_name
@@ -131,14 +156,25 @@ impl Runtime {
         ];
         let sign_op = signs.map(|sg| tensor::flat_operand(sg, stream));
         let mut launches = Vec::new();
+        // Operands in the plans' order: x, [codes, scales], [signs], [amax], [colsum].
+        let mut sum_op = None;
+        if let Some((k0, scratch)) = first.sum.as_mut() {
+            let n = scratch.len();
+            let (cp, _c) = scratch.device_ptr_mut(stream);
+            let op = OperandArg::flat(cp, n, ElemType::F32, me);
+            let ops = vec![OperandArg::from(&x.desc), op.clone()];
+            launches.push(self.prepare_with(k0, &ops, &[], &[], &preset)?);
+            sum_op = Some(op);
+        }
         let mut amax_op = None;
-        if let Some((k1, scratch)) = first.as_mut() {
+        if let Some((k1, scratch)) = first.amax.as_mut() {
             let n = scratch.len();
             let (ap, _a) = scratch.device_ptr_mut(stream);
             let op = OperandArg::flat(ap, n, ElemType::F32, me);
             let mut ops = vec![OperandArg::from(&x.desc)];
             ops.extend(sign_op.clone());
             ops.push(op.clone());
+            ops.extend(sum_op.clone());
             launches.push(self.prepare_with(k1, &ops, &[], &[], &preset)?);
             amax_op = Some(op);
         }
@@ -152,6 +188,7 @@ impl Runtime {
         ];
         ops.extend(sign_op);
         ops.extend(amax_op);
+        ops.extend(sum_op);
         launches.push(self.prepare_with(kernel, &ops, &[], &[], &preset)?);
         Ok(launches)
     }

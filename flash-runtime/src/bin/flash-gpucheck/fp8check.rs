@@ -2,8 +2,8 @@
 //! bandwidth.
 
 use flash_dsl::fp8::{
-    attention_inputs, hadamard_rotate_f32, quantize, random_signs, transpose_for_pv, Fp8Format,
-    Scaling,
+    attention_inputs, hadamard_rotate_f32, quantize, random_signs, smooth_keys_f32,
+    transpose_for_pv, Fp8Format, Scaling,
 };
 use flash_dsl::plan::quantize::{QuantSpec, ScaleGroup};
 use flash_dsl::rng::SplitMix as Rng;
@@ -71,14 +71,17 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                 (64, ScaleGroup::Tensor),
             ] {
                 // e4m3 plain, rotated, transposed for P·V, both; int8 (Q and K of `qk:
-                // int8`) plain and rotated.
-                for (hadamard, transpose, format) in [
-                    (false, false, Fp8Format::E4m3),
-                    (true, false, Fp8Format::E4m3),
-                    (false, true, Fp8Format::E4m3),
-                    (true, true, Fp8Format::E4m3),
-                    (false, false, Fp8Format::Int8),
-                    (true, false, Fp8Format::Int8),
+                // int8`) plain and rotated; K smoothed (plain and rotated e4m3, rotated int8).
+                for (hadamard, transpose, format, smooth) in [
+                    (false, false, Fp8Format::E4m3, false),
+                    (true, false, Fp8Format::E4m3, false),
+                    (false, true, Fp8Format::E4m3, false),
+                    (true, true, Fp8Format::E4m3, false),
+                    (false, false, Fp8Format::Int8, false),
+                    (true, false, Fp8Format::Int8, false),
+                    (false, false, Fp8Format::E4m3, true),
+                    (true, false, Fp8Format::E4m3, true),
+                    (true, false, Fp8Format::Int8, true),
                 ] {
                     seed += 1;
                     n += 1;
@@ -91,6 +94,8 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         transpose,
                         group,
                         amax_pass: false,
+                        smooth,
+                        sum_pass: false,
                     };
                     let len: usize = shape.iter().product();
                     // The last shape's second batch element is tiny (1e-37: `448 / amax`
@@ -111,6 +116,9 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         .collect();
                     // The host model: the same values as f32, rotated the kernel's way, quantised.
                     let mut x: Vec<f32> = bits.iter().map(|&b| input.from_bits(b) as f32).collect();
+                    if smooth {
+                        smooth_keys_f32(&mut x, shape, block_rows as usize);
+                    }
                     if hadamard {
                         hadamard_rotate_f32(&mut x, &signs, q.hadamard_norm());
                     }
@@ -127,7 +135,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         want.codes.clone()
                     };
                     let label = format!(
-                        "quant {} {shape:?} {} rows {block_rows} {group:?} hadamard {hadamard} transposed {transpose}",
+                        "quant {} {shape:?} {} rows {block_rows} {group:?} hadamard {hadamard} transposed {transpose} smoothed {smooth}",
                         input.name(),
                         format.name()
                     );
@@ -192,6 +200,8 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                 transpose: false,
                 group: ScaleGroup::Block,
                 amax_pass: false,
+                smooth: false,
+                sum_pass: false,
             };
             let bits: Vec<u16> = vals.iter().map(|&v| DType::Bf16.to_bits(v)).collect();
             let x: Vec<f32> = bits
@@ -243,7 +253,9 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
         let mut scales = st.alloc_zeros::<f32>(shape[2] * 128).map_err(drv)?;
         let signs: Vec<f32> = random_signs(d, 3).iter().map(|&s| s as f32).collect();
         let dsigns = st.clone_htod(&signs).map_err(drv)?;
-        for hadamard in [false, true] {
+        // Plain, rotated, and rotated with K smoothed (three launches: the column sums, then
+        // the codes reading them; the bytes counted are the codes kernel's alone).
+        for (hadamard, smooth) in [(false, false), (true, false), (true, true)] {
             let q = QuantSpec {
                 input: DType::Bf16,
                 head_dim: d as u32,
@@ -253,6 +265,8 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 transpose: false,
                 group: Default::default(),
                 amax_pass: false,
+                smooth,
+                sum_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&x, shape, st);
@@ -266,9 +280,14 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             )?;
             let gbps = (len * 3) as f64 / ms as f64 / 1e6;
             println!(
-                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard}: {ms:.4} ms {gbps:.0} GB/s"
+                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}: {ms:.4} ms {gbps:.0} GB/s"
             );
-            rows.push(json!({"backend": "flash", "variant": if hadamard { "quant_e4m3_hadamard" } else { "quant_e4m3" }, "dtype": "bf16",
+            let variant = match (hadamard, smooth) {
+                (false, _) => "quant_e4m3",
+                (true, false) => "quant_e4m3_hadamard",
+                (true, true) => "quant_e4m3_hadamard_smooth",
+            };
+            rows.push(json!({"backend": "flash", "variant": variant, "dtype": "bf16",
                 "d": d, "n": 16384, "b": 1, "h": shape[2], "mode": "quantize", "ms": ms, "gbps": gbps}));
         }
     }
@@ -647,6 +666,8 @@ fn timing_attention_at(
                 transpose,
                 group: Default::default(),
                 amax_pass: false,
+                smooth: false,
+                sum_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
