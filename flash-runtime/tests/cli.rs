@@ -631,7 +631,11 @@ fn quantize_arguments_are_checked_before_the_gpu() {
     zeros(vec![1, 10, 2, 64], "x.npy");
     zeros(vec![1, 10, 2, 96], "x96.npy");
     zeros(vec![10, 2, 64], "x3.npy");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--x", "x.npy", "--smooth", "--transpose"],
+            "V (the transposed layout) is never smoothed",
+        ),
         (
             &["--x", "x.npy", "--block-rows", "96"],
             "a scale block is 64 or 128 positions; got 96",
