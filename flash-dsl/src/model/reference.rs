@@ -502,8 +502,8 @@ mod tests {
 
     /// The fp8 kernel's rounding model against the normalised one: both near float64, the tiled
     /// one exact in the LSE (its sum is of unrounded probabilities) and, with the rounding of P
-    /// its only error, no worse in RMSE; and with one tile (all keys) and no rounding of P it is
-    /// the float64 answer up to f32 arithmetic.
+    /// its only error, no worse in RMSE; and with no rounding of P its tiles (running max,
+    /// rescales) give the float64 answer up to f32 arithmetic.
     #[test]
     fn fp8_tiled_model_rounds_like_the_plain_one() {
         let spec = dense(64); // no `v: bf16`: P rounded to e4m3

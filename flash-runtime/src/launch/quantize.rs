@@ -66,7 +66,7 @@ impl Runtime {
         Ok(())
     }
 
-    /// Median milliseconds of one [`Runtime::quantize`] (both launches of a two-pass one),
+    /// Median milliseconds of one [`Runtime::quantize`] (every launch of a multi-pass one),
     /// timed with CUDA events after `warmup` untimed runs (the arguments are checked once).
     pub fn time_quantize(
         &self,
@@ -132,7 +132,7 @@ impl Runtime {
         })?;
         if q.amax_pass || q.sum_pass {
             return Err(super::check::invalid(format!(
-                "kernel `{}` is the first pass of a two-pass quantisation; pass the kernel of the quantisation itself",
+                "kernel `{}` is a first pass (block amaxes or column sums) of a multi-pass quantisation; pass the kernel of the quantisation itself",
                 kernel.plan.kernel_name
             )));
         }

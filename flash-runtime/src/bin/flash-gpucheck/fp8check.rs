@@ -50,8 +50,9 @@ fn run(
 
 /// bf16 and f16 inputs with outliers (0.1 % ×10) and a tiny batch element, odd shapes, scales
 /// per block of 64 and of 128 rows, per head and per tensor (the two-pass kernels), plain,
-/// rotated, transposed for P·V, and both: every code (the transposed padding included) and
-/// every scale must equal the host model's. Returns (lines, failures).
+/// rotated, transposed for P·V, and both, and K smoothed (plain and rotated e4m3, rotated int8;
+/// the column-sum pass first): every code (the transposed padding included) and every scale must
+/// equal the host model's. Returns (lines, failures).
 pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     let (mut n, mut fails) = (0, 0);
     let shapes = [
@@ -448,7 +449,7 @@ fn judge_fp8(
     // the normalised P instead is printed beside it: the two differ only in that point, and on
     // inputs with outliers their largest errors, each one rounding of one large probability
     // times one large V entry, spread past 2× either way (`06_fp8_rule_spread`).
-    let tiled = reference::forward_fp8_tiled(spec, p, 128);
+    let tiled = reference::forward_fp8_tiled(spec, p, flash_dsl::spec::FP8_SCALE_BLOCK as usize);
     let err_plain = reference::max_abs_diff(&tiled.o, &ref64.o);
     let err = reference::max_abs_diff(o, &ref64.o);
     let normalised = reference::forward_fp8_plain(spec, p);
@@ -628,9 +629,13 @@ fn timing_attention_at(
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("fp8 timing buffers: {e:?}"));
     let h = 2048 / d;
-    // `FLASH_FP8_TIME_NS=16384` times that sequence length alone.
+    // `FLASH_FP8_TIME_NS=16384` times that sequence length alone (divisors of 16384: b = 16384 / n).
     let ns: Vec<usize> = match std::env::var("FLASH_FP8_TIME_NS") {
-        Ok(v) => v.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Ok(v) => v
+            .split(',')
+            .filter_map(|x| x.trim().parse().ok())
+            .filter(|&n: &usize| n > 0 && 16384 % n == 0)
+            .collect(),
         Err(_) => vec![4096, 16384],
     };
     for n in ns {
