@@ -411,3 +411,69 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         quant: Some(*q),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k_spec() -> QuantSpec {
+        QuantSpec {
+            input: DType::Bf16,
+            head_dim: 128,
+            format: Fp8Format::E4m3,
+            block_rows: 128,
+            hadamard: true,
+            transpose: false,
+            group: ScaleGroup::Head,
+            amax_pass: false,
+            smooth: true,
+            sum_pass: false,
+        }
+    }
+
+    /// The passes of a smoothing per-head quantisation: sums (unrotated, per block, no codes),
+    /// then amaxes and codes that both read the sums; no pass has a pass of its own.
+    #[test]
+    fn smoothing_passes_chain() {
+        let q = k_spec();
+        let sum = q.sum_pass().expect("smoothing takes a sum pass");
+        assert!(sum.sum_pass && !sum.hadamard && sum.group == ScaleGroup::Block);
+        assert_eq!(sum.sum_pass(), None);
+        assert_eq!(sum.amax_pass(), None);
+        let amax = q.amax_pass().expect("per-head scales take an amax pass");
+        assert!(amax.smooth && amax.amax_pass && amax.sum_pass().is_none());
+        let names = |s: &QuantSpec| -> Vec<String> {
+            plan_quantize(s)
+                .unwrap()
+                .operands
+                .iter()
+                .map(|o| o.name.clone())
+                .collect()
+        };
+        assert_eq!(names(&sum), ["x", "colsum"]);
+        assert_eq!(names(&amax), ["x", "signs", "amax", "colsum"]);
+        assert_eq!(
+            names(&q),
+            ["x", "codes", "scales", "signs", "amax", "colsum"]
+        );
+        // Without smoothing: no sum pass, no colsum.
+        let plain = QuantSpec { smooth: false, ..q };
+        assert_eq!(plain.sum_pass(), None);
+        assert!(!names(&plain).iter().any(|n| n == "colsum"));
+        // A sum pass on its own, or with the amax pass, is refused.
+        assert!(QuantSpec {
+            smooth: false,
+            sum_pass: true,
+            ..q
+        }
+        .check()
+        .is_err());
+        assert!(QuantSpec {
+            sum_pass: true,
+            amax_pass: true,
+            ..q
+        }
+        .check()
+        .is_err());
+    }
+}
