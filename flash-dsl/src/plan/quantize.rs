@@ -189,10 +189,12 @@ impl QuantSpec {
     }
 
     /// The column-sum pass of this smoothing quantisation; `None` without smoothing (or for a
-    /// pass of one).
+    /// pass of one). It writes no codes, so its format is always e4m3: int8 and e4m3 K share
+    /// one kernel.
     pub fn sum_pass(&self) -> Option<QuantSpec> {
         (self.smooth && !self.sum_pass && !self.amax_pass).then_some(QuantSpec {
             sum_pass: true,
+            format: Fp8Format::E4m3,
             hadamard: false,
             transpose: false,
             group: ScaleGroup::Block,
@@ -438,6 +440,15 @@ mod tests {
         let q = k_spec();
         let sum = q.sum_pass().expect("smoothing takes a sum pass");
         assert!(sum.sum_pass && !sum.hadamard && sum.group == ScaleGroup::Block);
+        let int8 = QuantSpec {
+            format: Fp8Format::Int8,
+            ..q
+        };
+        assert_eq!(
+            int8.sum_pass(),
+            Some(sum),
+            "one sum kernel for int8 and e4m3 K"
+        );
         assert_eq!(sum.sum_pass(), None);
         assert_eq!(sum.amax_pass(), None);
         let amax = q.amax_pass().expect("per-head scales take an amax pass");
