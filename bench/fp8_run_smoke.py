@@ -64,6 +64,7 @@ runs = [
     ("fp8 per block", "examples/fp8/check.flash", "Fp8Causal", [], "block"),
     ("fp8 per block + Hadamard", "examples/fp8/check.flash", "Fp8Causal", ["--hadamard-seed", "7"], "block"),
     ("fp8 per head", "examples/fp8/check.flash", "Fp8CausalPerHead", [], "head"),
+    ("fp8 per block, V rows", "examples/fp8/check.flash", "Fp8CausalVRows", [], "block"),
 ]
 status, base = 0, None
 for label, file, name, extra, group in runs:

@@ -208,6 +208,12 @@ pub struct Fp8Spec {
     /// accuracy of every Q/K scheme (`05_int8_qk_accuracy`).
     #[serde(default)]
     pub v_bf16: bool,
+    /// V's codes in rows, `[batch, seq_k, heads_kv, d]` as K's (`v_layout: rows`), transposed
+    /// by the kernel in shared memory for the P·V product, instead of transposed beforehand
+    /// (`v_layout: transposed`, the default: a transposing quantisation writes that). An fp8
+    /// KV cache kept in rows is read as it is.
+    #[serde(default)]
+    pub v_rows: bool,
     /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for
     /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s.
     pub scaling: Scaling,
@@ -228,6 +234,9 @@ impl Fp8Spec {
         };
         if self.v_bf16 {
             t.push_str("_vbf16");
+        }
+        if self.v_rows {
+            t.push_str("_vrows");
         }
         t
     }

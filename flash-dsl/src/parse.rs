@@ -144,7 +144,7 @@ fn parse_entry(input: ParseStream) -> syn::Result<Entry> {
     input.parse::<Token![:]>()?;
     let value = match key.to_string().as_str() {
         "head_dim" => Value::HeadDim(parse_head_dim(input)?),
-        "dtype" | "qk" | "v" => Value::DType(input.parse()?),
+        "dtype" | "qk" | "v" | "v_layout" => Value::DType(input.parse()?),
         "params" => Value::Params(parse_params(input)?),
         "scale" | "mask" | "score" | "dropout" | "sparsity" | "scales" => {
             Value::Expr(Box::new(parse_expr_value(input, &key)?))

@@ -217,6 +217,9 @@ struct Context {
     fp8_qk_int8: bool,
     /// fp8 Q and K with bf16 V (`v: bf16`): P·V a bf16 product, no V scales.
     fp8_v_bf16: bool,
+    /// `v_layout: rows`: V's codes arrive in rows and the producer warpgroup's spare warps
+    /// transpose each tile in shared memory.
+    fp8_v_rows: bool,
     fp8_type: String,
     /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
     /// block of 128 positions, 1 per (batch, head), 2 per tensor.
@@ -497,6 +500,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .fp8
             .is_some_and(|f| f.qk_format == crate::fp8::Fp8Format::Int8),
         fp8_v_bf16: spec.fp8.is_some_and(|f| f.v_bf16),
+        fp8_v_rows: spec.fp8.is_some_and(|f| f.v_rows),
         fp8_type: spec
             .fp8
             .map(|f| f.format.name().to_string())

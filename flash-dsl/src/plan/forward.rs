@@ -114,7 +114,9 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// heads, blocks]` (one per block of 128 positions of each (batch, head), the default),
 /// `[batch, heads]` (`per_head`) or one value (`per_tensor`); a code times its group's scale is
 /// the value. All three are loaded by TMA: Q and K in 128-byte rows (one or two per position; at
-/// d 64 the box's upper half zero-filled), V in boxes of 128 keys × d rows.
+/// d 64 the box's upper half zero-filled), V in boxes of 128 keys × d rows. With `v_layout:
+/// rows` V's codes are `[batch, seq_k, heads_kv, d]` like K's (in key order), loaded as K is
+/// and transposed by the kernel.
 pub fn fp8_operands(
     spec: &VariantSpec,
     cfg: &TileConfig,
@@ -137,11 +139,16 @@ pub fn fp8_operands(
         Layout::Strided,
     );
     // `v: bf16`: V as the bf16 forward reads it, `[batch, seq_k, heads_kv, dv]`, no scales.
-    let mut v = if fp8.v_bf16 {
+    let mut v = if fp8.v_bf16 || fp8.v_rows {
+        let ty = if fp8.v_bf16 {
+            OperandType::Storage(crate::spec::DType::Bf16)
+        } else {
+            codes
+        };
         Operand::new(
             "v",
             Role::Input,
-            OperandType::Storage(crate::spec::DType::Bf16),
+            ty,
             &[Batch, SeqK, HeadsKv, HeadDimV],
             Layout::Strided,
         )
@@ -156,7 +163,7 @@ pub fn fp8_operands(
     };
     q.tma_rows = Some(cfg.block_m);
     k.tma_rows = Some(cfg.block_n);
-    v.tma_rows = Some(if fp8.v_bf16 {
+    v.tma_rows = Some(if fp8.v_bf16 || fp8.v_rows {
         cfg.block_n
     } else {
         spec.head_dim_v

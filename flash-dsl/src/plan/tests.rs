@@ -857,6 +857,124 @@ fn packed_plans_take_offsets_and_totals() {
     assert!(e.to_string().contains("dropout"), "{e}");
 }
 
+/// fp8 tiles of 192 keys: only with one scale per head or tensor (a per-block scale is one
+/// tile's keys) and at head dims up to 128 (registers); the default for dense and causal
+/// attention there; Vᵀ in two 128-key boxes per stage; every refusal names what was asked.
+#[test]
+fn fp8_wide_key_tiles() {
+    let parse = |src: &str| crate::parse::parse_str(src).unwrap().remove(0);
+    let head = parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: causal }");
+    let cfg = default_config_for(&head, KernelFamily::Sm90Ws);
+    assert_eq!(
+        (cfg.block_m, cfg.block_n, cfg.warps, cfg.stages),
+        (128, 192, 12, 3)
+    );
+    let p = plan(&head, Some(cfg)).unwrap();
+    // Two Q tiles, three stages of K (192 rows) and Vᵀ (two boxes of 128 keys).
+    assert_eq!(
+        p.smem_bytes(),
+        1024 + 2 * 128 * 128 + 3 * (192 * 128 + 128 * 256)
+    );
+    let src = crate::emit(&p).source;
+    assert!(src.contains("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3"));
+    assert!(src.contains("constexpr int V_BOXES = V_CODES ? (BN + 127) / 128 : 1;"));
+    let tensor = parse("pub F { head_dim: 64, dtype: e4m3, scales: per_tensor }");
+    assert_eq!(
+        default_config_for(&tensor, KernelFamily::Sm90Ws).block_n,
+        192
+    );
+    // 128 keys: per-block scales, other masks, score hooks, head dim 256.
+    for src in [
+        "pub F { head_dim: 128, dtype: e4m3, mask: causal }",
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: window(256) }",
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_head, score: softcap(s, 20.0) }",
+        "pub F { head_dim: 256, dtype: e4m3, scales: per_head }",
+    ] {
+        let s = parse(src);
+        assert_eq!(
+            default_config_for(&s, KernelFamily::Sm90Ws).block_n,
+            128,
+            "{src}"
+        );
+    }
+    // A window may still take 192 keys (the tuner's choice); per-block scales and d 256 may not.
+    let window = parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: window(256) }");
+    assert!(plan(&window, Some(cfg)).is_ok());
+    let block = parse("pub F { head_dim: 128, dtype: e4m3 }");
+    let e = plan(&block, Some(cfg)).unwrap_err().to_string();
+    assert!(
+        e.contains("128 queries (one scale block) by 128 keys") && e.contains("got 128x192x12x3"),
+        "{e}"
+    );
+    let d256 = parse("pub F { head_dim: 256, dtype: e4m3, scales: per_head }");
+    let e = plan(&d256, Some(cfg)).unwrap_err().to_string();
+    assert!(
+        e.contains("by 128 keys") && e.contains("got 128x192x12x3"),
+        "{e}"
+    );
+    let e = plan(
+        &head,
+        Some(TileConfig {
+            block_n: 256,
+            ..cfg
+        }),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("by 128 or 192 keys") && e.contains("got 128x256x12x3"),
+        "{e}"
+    );
+}
+
+/// `v_layout: rows`: V's codes `[batch, seq_k, heads_kv, d]` loaded in 128-byte rows as K's,
+/// staged beside the Vᵀ boxes the kernel transposes them into; head dim 128 only; 128 keys by
+/// default (three stages of 192 do not fit), 192 with two stages.
+#[test]
+fn fp8_v_rows_plan() {
+    let parse = |src: &str| crate::parse::parse_str(src).unwrap().remove(0);
+    let s = parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, v_layout: rows }");
+    let cfg = default_config_for(&s, KernelFamily::Sm90Ws);
+    assert_eq!((cfg.block_n, cfg.stages), (128, 3));
+    let p = plan(&s, Some(cfg)).unwrap();
+    assert!(p.kernel_name.contains("_e4m3_vrows_"), "{}", p.kernel_name);
+    assert_eq!(
+        p.operands[2].dims,
+        [
+            Extent::Batch,
+            Extent::SeqK,
+            Extent::HeadsKv,
+            Extent::HeadDimV
+        ]
+    );
+    assert_eq!(p.operands[2].tma_rows, Some(128));
+    // Two Q tiles, three stages of K, Vᵀ and V rows.
+    assert_eq!(p.smem_bytes(), 1024 + 2 * 128 * 128 + 3 * 3 * 128 * 128);
+    let src = crate::emit(&p).source;
+    assert!(src.contains("constexpr bool V_ROWS = true;"));
+    assert!(src.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+    let two = TileConfig {
+        block_n: 192,
+        stages: 2,
+        ..cfg
+    };
+    assert!(plan(&s, Some(two)).is_ok());
+    let e = plan(&s, Some(TileConfig { stages: 3, ..two }))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shared memory"), "{e}");
+    let d64 = parse("pub F { head_dim: 64, dtype: e4m3, v_layout: rows }");
+    let e = plan(&d64, Some(default_config_for(&d64, KernelFamily::Sm90Ws)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "`v_layout: rows` (V transposed in shared memory) is built for head dim 128; got 64"
+        ),
+        "{e}"
+    );
+}
+
 /// `dtype: e4m3`: the fp8 forward's plan — codes, Vᵀ's view, three scale operands, one byte
 /// per element in shared memory, the warp-specialised family only — and a clear refusal of
 /// everything it does not do.

@@ -309,9 +309,24 @@ pub fn default_config_for(spec: &VariantSpec, family: KernelFamily) -> TileConfi
                 let plain = spec.mask.is_none()
                     && spec.score.is_none()
                     && !spec.fp8.is_some_and(|f| f.v_bf16);
+                // 192 keys per tile where one scale per head or tensor allows it, for dense and
+                // causal attention without a score hook: H200, same call, two alternations
+                // (`bench/results/ab-fp8-n192/`), per head at d 128 dense +3 % (n 4096) and
+                // +5.6 % (n 16384), causal +2.7 % and +4.3 %. Other masks keep 128 (more of a
+                // wider edge tile is masked: the bf16 kernel's windows and documents lost
+                // 12-22 % at 192); the tuner times both.
+                let dense_or_causal = spec
+                    .mask
+                    .as_ref()
+                    .is_none_or(|m| *m == crate::validate::causal_expr());
+                // (V rows staged beside Vᵀ: three stages of 192 keys do not fit.)
+                let wide = dense_or_causal
+                    && spec.score.is_none()
+                    && !spec.fp8.is_some_and(|f| f.v_rows)
+                    && fp8_block_n_ok(spec, 192);
                 return TileConfig {
                     block_m: b,
-                    block_n: b,
+                    block_n: if wide { 192 } else { b },
                     warps: 12,
                     stages: if d > 128 && !plain { 2 } else { 3 },
                     family,
@@ -623,14 +638,26 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
     }
     let block = crate::spec::FP8_SCALE_BLOCK;
     // One scale block of queries and keys. (192 queries in three consumer warpgroups spilled
-    // 20-290 bytes at their 160 registers.)
+    // 20-290 bytes at their 160 registers.) With one scale per head or tensor a tile may take
+    // 192 keys (`fp8_block_n_ok`).
     if (cfg.block_m, cfg.warps) != (block, 12)
-        || cfg.block_n != block
+        || !fp8_block_n_ok(spec, cfg.block_n)
         || !matches!(cfg.stages, 2 | 3)
     {
+        let keys = if fp8_block_n_ok(spec, 192) {
+            format!("{block} or 192")
+        } else {
+            format!("{block}")
+        };
         return fail(format!(
-            "the tile is one scale block of queries and keys, {block}x{block}x12 with 2 or 3 stages; got {}x{}x{}x{}",
+            "the tile is {block} queries (one scale block) by {keys} keys, 12 warps, 2 or 3 stages; got {}x{}x{}x{}",
             cfg.block_m, cfg.block_n, cfg.warps, cfg.stages
+        ));
+    }
+    if f.v_rows && spec.head_dim_v != 128 {
+        return fail(format!(
+            "`v_layout: rows` (V transposed in shared memory) is built for head dim 128; got {} (use the default `v_layout: transposed`)",
+            spec.head_dim_v
         ));
     }
     if spec.dropout.is_some() {
@@ -640,6 +667,20 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
         return fail("a declared block-sparse layout is not supported with fp8 inputs".into());
     }
     Ok(())
+}
+
+/// Keys per tile an fp8 forward can take: one scale block (128) with per-block scales, whose
+/// tile's K and V scales are one number each; 128 or 192 with one scale per head or tensor —
+/// wider tiles spread a tile's fixed costs (row maxima, the output's rescale, the waits) over
+/// more keys, as FlashAttention-3's fp8 forward does (224 there; 192 keeps Vᵀ's second box
+/// within 232 registers a consumer thread at head dim 128: S 96, O 64, P 24; at 256 O alone
+/// takes 128).
+pub fn fp8_block_n_ok(spec: &VariantSpec, block_n: u32) -> bool {
+    let Some(f) = spec.fp8 else { return false };
+    block_n == crate::spec::FP8_SCALE_BLOCK
+        || (block_n == 192
+            && spec.head_dim_v <= 128
+            && !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. }))
 }
 
 /// An fp8 variant has only the forward kernel; `what` names the kind asked for.
@@ -684,11 +725,25 @@ pub fn smem_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
     };
     // fp8 inputs: one byte per element (V transposed, `dv` rows of `block_n` keys: the same
     // bytes), V two with `v: bf16`.
-    let (elem, v_elem) = match spec.fp8 {
-        Some(f) => (1, if f.v_bf16 { 2 } else { 1 }),
-        None => (spec.dtype.size() as u32, spec.dtype.size() as u32),
+    // Vᵀ's codes come in boxes of 128 keys (a swizzled row): a 192-key tile holds two. With
+    // `v_layout: rows` each stage also holds the tile's V rows as loaded (128-byte rows, as K's),
+    // which the kernel transposes into the Vᵀ boxes.
+    let (elem, v_elem, v_keys) = match spec.fp8 {
+        Some(f) if f.v_bf16 => (1, 2, cfg.block_n),
+        Some(_) => (1, 1, cfg.block_n.div_ceil(128) * 128),
+        None => (
+            spec.dtype.size() as u32,
+            spec.dtype.size() as u32,
+            cfg.block_n,
+        ),
+    };
+    let v_rows = if spec.fp8.is_some_and(|f| f.v_rows) {
+        cfg.stages * cfg.block_n * spec.head_dim_v.div_ceil(128) * 128
+    } else {
+        0
     };
     align
         + elem * (cfg.block_m * dqk + cfg.stages * cfg.block_n * dqk)
-        + v_elem * cfg.stages * cfg.block_n * dv
+        + v_elem * cfg.stages * v_keys * dv
+        + v_rows
 }

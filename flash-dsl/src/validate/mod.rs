@@ -102,6 +102,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut fp8 = None;
     let mut qk_ast: Option<&syn::Ident> = None;
     let mut v_ast: Option<&syn::Ident> = None;
+    let mut v_layout_ast: Option<&syn::Ident> = None;
     for entry in &decl.entries {
         let key = entry.key.to_string();
         if !KEYS.contains(&key.as_str()) {
@@ -141,6 +142,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("scales", Value::Expr(e)) => scales_ast = Some(e),
             ("qk", Value::DType(id)) => qk_ast = Some(id),
             ("v", Value::DType(id)) => v_ast = Some(id),
+            ("v_layout", Value::DType(id)) => v_layout_ast = Some(id),
             _ => unreachable!("the parser picks the value form from the key"),
         }
     }
@@ -309,12 +311,30 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
         &[("bf16", true), ("e4m3", false)],
         &mut errs,
     );
-    let fp8 = fp8.zip(scaling).zip(qk_format).zip(v_bf16).map(
-        |(((format, scaling), qk_format), v_bf16)| crate::fp8::Fp8Spec {
+    // `v_layout: rows`: V's codes as K's, transposed by the kernel in shared memory.
+    let v_rows = fp8_choice(
+        v_layout_ast,
+        (fp8.is_some(), dtype_ok),
+        (
+            "`v_layout` picks how fp8 V's codes are laid out",
+            "V layout",
+        ),
+        &[("rows", true), ("transposed", false)],
+        &mut errs,
+    );
+    if let (Some(true), Some(true), Some(id)) = (v_rows, v_bf16, v_layout_ast) {
+        errs.push(Report::at(
+            id.span(),
+            "`v_layout` lays out V's e4m3 codes; with `v: bf16` V is read in rows as it is",
+        ));
+    }
+    let fp8 = fp8.zip(scaling).zip(qk_format).zip(v_bf16).zip(v_rows).map(
+        |((((format, scaling), qk_format), v_bf16), v_rows)| crate::fp8::Fp8Spec {
             format,
             scaling,
             qk_format,
             v_bf16,
+            v_rows: v_rows && !v_bf16,
         },
     );
 

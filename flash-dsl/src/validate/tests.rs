@@ -328,6 +328,7 @@ fn diagnostics() {
             scaling,
             qk_format: Fp8Format::E4m3,
             v_bf16: false,
+            v_rows: false,
         })
     };
     // Scales per block of 128 positions unless `scales:` says otherwise.
@@ -385,6 +386,28 @@ fn diagnostics() {
     assert_eq!(
         errs[0].message,
         "unknown V type `f16`; expected bf16 or e4m3"
+    );
+    // `v_layout: rows`: V's e4m3 codes in rows, transposed by the kernel; not with `v: bf16`.
+    let vr = parse_str("V { head_dim: 128, dtype: e4m3, v_layout: rows }").unwrap();
+    let f = vr[0].fp8.unwrap();
+    assert!(f.v_rows && !f.v_bf16);
+    assert_eq!(f.tag(), "e4m3_vrows");
+    let vt = parse_str("V { head_dim: 128, dtype: e4m3, v_layout: transposed }").unwrap();
+    assert!(!vt[0].fp8.unwrap().v_rows);
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, v_layout: columns }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "unknown V layout `columns`; expected rows or transposed"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: bf16, v_layout: rows }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`v_layout` picks how fp8 V's codes are laid out; it needs `dtype: e4m3`"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, v: bf16, v_layout: rows }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`v_layout` lays out V's e4m3 codes; with `v: bf16` V is read in rows as it is"
     );
     let errs = parse_str("V { head_dim: 128, dtype: e4m3, qk: int4 }").unwrap_err();
     assert_eq!(

@@ -687,14 +687,14 @@ fn run_fp8(
         Ok((codes, scales))
     };
     let rotate = a.hadamard_seed.is_some();
-    // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format (or the
-    // bf16 input itself with `v: bf16`).
+    // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format —
+    // transposed, or in rows for `v_layout: rows` — or the bf16 input itself with `v: bf16`.
     let (cq, sq) = quantise(&q_dev, qs, rotate, false, fp8.qk_format)?;
     let (ck, sk) = quantise(&k_dev, ks, rotate, false, fp8.qk_format)?;
     let v_codes = if fp8.v_bf16 {
         None
     } else {
-        Some(quantise(&v_dev, vs, false, true, fp8.format)?)
+        Some(quantise(&v_dev, vs, false, !fp8.v_rows, fp8.format)?)
     };
     let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(spec, given, &stream)?;
@@ -706,6 +706,10 @@ fn run_fp8(
             k: TensorRef::new(&ck, ks, &stream),
             k_scale: &sk,
             v: match &v_codes {
+                Some((cv, sv)) if fp8.v_rows => crate::launch::Fp8V::Rows {
+                    v: TensorRef::new(cv, vs, &stream),
+                    v_scale: sv,
+                },
                 Some((cv, sv)) => crate::launch::Fp8V::Codes {
                     v_t: cv,
                     v_scale: sv,

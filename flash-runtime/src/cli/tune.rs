@@ -210,14 +210,18 @@ fn tune_backward(
 }
 
 pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
-    // The tuner times bf16/f16 inputs; an fp8 variant's kernel reads codes and scales. Its two
-    // configurations (two or three stages) are chosen by the planner: fp8 variants are skipped
-    // with a note, and a selection of fp8 variants alone is refused, before the GPU.
-    let (fp8, specs): (Vec<_>, Vec<_>) =
-        a.variant.load()?.into_iter().partition(|s| s.fp8.is_some());
+    // An fp8 variant is tuned from codes and scales the timer quantises on the host (its key
+    // tiles of 128 or 192, two or three stages); it has no backward kernel, so with `--backward`
+    // fp8 variants are skipped with a note, and a selection of fp8 variants alone is refused,
+    // before the GPU.
+    let (fp8, specs): (Vec<_>, Vec<_>) = a
+        .variant
+        .load()?
+        .into_iter()
+        .partition(|s| a.backward && s.fp8.is_some());
     let why = |name: &str| {
         format!(
-            "`flash tune` does not time fp8 variants yet (`{name}` declares `dtype: e4m3`): the planner picks its stages (three, or two at head dim 256 with a mask or hook); time one with `flash run` and `--tile 128x128x12x2` or `128x128x12x3`"
+            "`flash tune --backward` has nothing to time for `{name}`: an fp8 (`dtype: e4m3`) variant has only the forward kernel"
         )
     };
     if specs.is_empty() {

@@ -46,6 +46,15 @@ pub enum Fp8V<'a> {
         /// V's scales, grouped as Q's.
         v_scale: &'a CudaSlice<f32>,
     },
+    /// e4m3 codes in rows, `[batch, seq_k, heads_kv, d]` (strided, as K's: a non-transposing
+    /// [`Runtime::quantize`] writes them), for a `v_layout: rows` variant, whose kernel
+    /// transposes them in shared memory.
+    Rows {
+        /// V's codes.
+        v: TensorRef<'a>,
+        /// V's scales, grouped as Q's.
+        v_scale: &'a CudaSlice<f32>,
+    },
     /// bf16 `[batch, seq_k, heads_kv, d]` (strided), as the bf16 forward reads it (`v: bf16`).
     Bf16(TensorRef<'a>),
 }
@@ -106,10 +115,11 @@ impl Runtime {
         let block = FP8_SCALE_BLOCK as usize;
         let (blocks_q, blocks_k) = (x.q.desc.shape[1].div_ceil(block), sk.div_ceil(block));
         let sp = blocks_k * block;
-        let v_bf16 = kernel.plan.spec.fp8.is_some_and(|f| f.v_bf16);
+        let f = kernel.plan.spec.fp8.expect("checked above");
         let codes_view;
-        let v = match (&x.v, v_bf16) {
-            (Fp8V::Codes { v_t, .. }, false) => {
+        let name = &kernel.plan.kernel_name;
+        let v = match (&x.v, f.v_bf16, f.v_rows) {
+            (Fp8V::Codes { v_t, .. }, false, false) => {
                 // Vᵀ as the kernel's `[batch, d, heads_kv, seq_padded]` view of the quantiser's
                 // `[batch, heads_kv, d, seq_padded]`.
                 codes_view = TensorRef::strided(
@@ -120,17 +130,20 @@ impl Runtime {
                 );
                 &codes_view
             }
-            (Fp8V::Bf16(v), true) => v,
-            (_, true) => {
+            (Fp8V::Rows { v, .. }, false, true) | (Fp8V::Bf16(v), true, _) => v,
+            (_, true, _) => {
                 return Err(invalid(format!(
-                    "kernel `{}` reads V in bf16 (its variant declares `v: bf16`); pass Fp8V::Bf16",
-                    kernel.plan.kernel_name
+                    "kernel `{name}` reads V in bf16 (its variant declares `v: bf16`); pass Fp8V::Bf16"
                 )))
             }
-            (_, false) => {
+            (_, false, true) => {
                 return Err(invalid(format!(
-                    "kernel `{}` reads V as e4m3 codes with scales; pass Fp8V::Codes (`v: bf16` takes a bf16 V)",
-                    kernel.plan.kernel_name
+                    "kernel `{name}` reads V's e4m3 codes in rows, [batch, seq_k, heads_kv, d] (its variant declares `v_layout: rows`); pass Fp8V::Rows"
+                )))
+            }
+            (_, false, false) => {
+                return Err(invalid(format!(
+                    "kernel `{name}` reads V's e4m3 codes transposed, [batch, heads_kv, d, seq_padded]; pass Fp8V::Codes (`v_layout: rows` takes them in rows, `v: bf16` a bf16 V)"
                 )))
             }
         };
@@ -143,7 +156,7 @@ impl Runtime {
             tensor::flat_operand(x.q_scale, stream),
             tensor::flat_operand(x.k_scale, stream),
         ];
-        if let Fp8V::Codes { v_scale, .. } = &x.v {
+        if let Fp8V::Codes { v_scale, .. } | Fp8V::Rows { v_scale, .. } = &x.v {
             ops.push(tensor::flat_operand(v_scale, stream));
         }
         if kernel

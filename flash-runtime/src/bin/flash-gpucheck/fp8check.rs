@@ -305,6 +305,8 @@ struct Fp8Problem {
     q: (Vec<u8>, Vec<f32>),
     k: (Vec<u8>, Vec<f32>),
     v_t: (Vec<u8>, Vec<f32>),
+    /// V's codes in rows, `[b, sk, hkv, d]` (`v_layout: rows`; the scales are `v_t`'s).
+    v_rows: Vec<u8>,
     /// V as bf16 bits instead of `v_t` (`v: bf16`).
     v16: Option<Vec<u16>>,
     dequant: (Vec<f64>, Vec<f64>, Vec<f64>),
@@ -343,6 +345,7 @@ fn fp8_problem(
             q: (qq.codes, qq.scales),
             k: (kq.codes, kq.scales),
             v_t: (Vec::new(), Vec::new()),
+            v_rows: Vec::new(),
             v16: Some(v16),
         };
     }
@@ -350,6 +353,7 @@ fn fp8_problem(
     let dequant = (qq.dequantize(), kq.dequantize(), vq.dequantize());
     Fp8Problem {
         v_t: (transpose_for_pv(&vq.codes, shape_k, 128), vq.scales),
+        v_rows: vq.codes,
         v16: None,
         q: (qq.codes, qq.scales),
         k: (kq.codes, kq.scales),
@@ -385,10 +389,13 @@ fn run_fp8(
             cudarc::driver::CudaSlice<f32>,
         ),
     }
+    // (`v_layout: rows`: the codes in rows, the same scales.)
+    let rows = kernel.plan.spec.fp8.is_some_and(|f| f.v_rows);
     let dev_v = match &x.v16 {
         Some(bits) => DevV::Bf16(st.clone_htod(bits).map_err(drv)?),
         None => DevV::Codes(
-            st.clone_htod(&x.v_t.0).map_err(drv)?,
+            st.clone_htod(if rows { &x.v_rows } else { &x.v_t.0 })
+                .map_err(drv)?,
             st.clone_htod(&x.v_t.1).map_err(drv)?,
         ),
     };
@@ -404,6 +411,10 @@ fn run_fp8(
         k_scale: &ks,
         v: match &dev_v {
             DevV::Bf16(v) => flash_runtime::Fp8V::Bf16(TensorRef::new(v, [b, sk, hkv, d], st)),
+            DevV::Codes(v, vs) if rows => flash_runtime::Fp8V::Rows {
+                v: TensorRef::new(v, [b, sk, hkv, d], st),
+                v_scale: vs,
+            },
             DevV::Codes(vt, vs) => flash_runtime::Fp8V::Codes {
                 v_t: vt,
                 v_scale: vs,
@@ -433,6 +444,15 @@ fn run_fp8(
     ))
 }
 
+/// A configuration in the check's lines: `s3` (stages), `s3 n192` with 192-key tiles.
+fn cfg_tag(cfg: &flash_dsl::TileConfig) -> String {
+    if cfg.block_n == flash_dsl::spec::FP8_SCALE_BLOCK {
+        format!("s{}", cfg.stages)
+    } else {
+        format!("s{} n{}", cfg.stages, cfg.block_n)
+    }
+}
+
 /// One case of [`check_attention`]: the kernel's O and LSE against the float64 attention of the
 /// dequantised inputs in `p`, by the rule described there; (passed, the printed line).
 fn judge_fp8(
@@ -441,15 +461,16 @@ fn judge_fp8(
     p: &flash_dsl::model::reference::Problem,
     o: &[f64],
     lse: &[f64],
+    tile_keys: usize,
 ) -> (bool, String) {
     use flash_dsl::model::reference;
     let ref64 = reference::forward(spec, p);
     // The baseline: the plain fp8 implementation with P rounded where a flash kernel rounds it
-    // (tiles of 128 keys, relative to the running max). The plain implementation that rounds
+    // (the kernel's tiles of `tile_keys` keys, relative to the running max). The plain implementation that rounds
     // the normalised P instead is printed beside it: the two differ only in that point, and on
     // inputs with outliers their largest errors, each one rounding of one large probability
     // times one large V entry, spread past 2× either way (`06_fp8_rule_spread`).
-    let tiled = reference::forward_fp8_tiled(spec, p, flash_dsl::spec::FP8_SCALE_BLOCK as usize);
+    let tiled = reference::forward_fp8_tiled(spec, p, tile_keys);
     let err_plain = reference::max_abs_diff(&tiled.o, &ref64.o);
     let err = reference::max_abs_diff(o, &ref64.o);
     let normalised = reference::forward_fp8_plain(spec, p);
@@ -495,10 +516,22 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
     let (mut n, mut fails) = (0, 0);
     let mut seed = 100u64;
     // Both schedules: two stages (in series) and three (Q·Kᵀ of the next tile under this one's
-    // softmax and P·V).
+    // softmax and P·V); with one scale per head or tensor both again with 192-key tiles.
     let configs = |spec: &flash_dsl::VariantSpec| {
         let d = flash_dsl::plan::default_config_for(spec, flash_dsl::plan::KernelFamily::Sm90Ws);
-        [2u32, 3].map(|stages| flash_dsl::TileConfig { stages, ..d })
+        let mut keys = vec![128];
+        if flash_dsl::plan::tile::fp8_block_n_ok(spec, 192) {
+            keys.push(192);
+        }
+        keys.into_iter()
+            .flat_map(move |block_n| {
+                [2u32, 3].map(|stages| flash_dsl::TileConfig {
+                    stages,
+                    block_n,
+                    ..d
+                })
+            })
+            .collect::<Vec<_>>()
     };
     // `FLASH_FP8_VARIANTS=Fp8Dense256,Fp8Causal256` checks those alone (a device call's time).
     let only: Option<Vec<String>> = std::env::var("FLASH_FP8_VARIANTS")
@@ -509,15 +542,16 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
         .filter(|s| only.as_ref().is_none_or(|o| o.contains(&s.name)))
         .flat_map(|s| configs(s).into_iter().map(move |c| (s, c)))
     {
-        // The other schedule where the plan refuses it (three stages of bf16 V at d 256 do not
-        // fit in shared memory): there is no such kernel to check. The default must load.
+        // Another configuration where the plan refuses it (three stages of bf16 V at d 256 do
+        // not fit in shared memory): there is no such kernel to check. The default must load.
         let default =
             flash_dsl::plan::default_config_for(spec, flash_dsl::plan::KernelFamily::Sm90Ws);
         if cfg != default {
             if let Err(e) = flash_dsl::plan::config_is_valid(spec, &cfg) {
                 println!(
-                    "skip fp8 {} stages {}: the plan refuses it: {e}",
-                    spec.name, cfg.stages
+                    "skip fp8 {} {}: the plan refuses it: {e}",
+                    spec.name,
+                    cfg_tag(&cfg)
                 );
                 continue;
             }
@@ -527,7 +561,7 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
             Err(e) => {
                 n += 1;
                 fails += 1;
-                println!("FAIL fp8 {} stages {}: loading: {e}", spec.name, cfg.stages);
+                println!("FAIL fp8 {} {}: loading: {e}", spec.name, cfg_tag(&cfg));
                 continue;
             }
         };
@@ -560,9 +594,9 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 let d = spec.head_dim_qk as usize;
                 let x = fp8_problem(shape, d, outliers, seed, f.scaling, f.qk_format, f.v_bf16);
                 let label = format!(
-                    "fp8 {} s{} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
+                    "fp8 {} {} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
                     spec.name,
-                    cfg.stages,
+                    cfg_tag(&cfg),
                     if outliers { "outliers" } else { "normal" }
                 );
                 let (o, lse, _) = match run_fp8(rt, &kernel, &x, shape, &params, None) {
@@ -575,13 +609,15 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 };
                 let mut p = Problem::random(spec, b, hq, hkv, sq, sk, values, 0);
                 (p.q, p.k, p.v) = x.dequant;
-                jobs.push((label, p, o, lse));
+                jobs.push((label, p, o, lse, cfg.block_n as usize));
             }
         }
         let judged: Vec<(bool, String)> = std::thread::scope(|sc| {
             let handles: Vec<_> = jobs
                 .iter()
-                .map(|(label, p, o, lse)| sc.spawn(move || judge_fp8(spec, label, p, o, lse)))
+                .map(|(label, p, o, lse, keys)| {
+                    sc.spawn(move || judge_fp8(spec, label, p, o, lse, *keys))
+                })
                 .collect();
             handles
                 .into_iter()
@@ -623,7 +659,7 @@ fn timing_attention_at(
     rows: &mut Vec<Value>,
 ) -> Result<(), FlashError> {
     let specs = flash_dsl::parse::parse_str(&format!(
-        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Fp8Causal {{ head_dim: {d}, dtype: e4m3, mask: causal }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Causal {{ head_dim: {d}, dtype: bf16, mask: causal }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8CausalH {{ head_dim: {d}, dtype: e4m3, scales: per_head, mask: causal }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8CausalI {{ head_dim: {d}, dtype: e4m3, qk: int8, mask: causal }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}\npub Fp8CausalIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16, mask: causal }}",
+        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Fp8Causal {{ head_dim: {d}, dtype: e4m3, mask: causal }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Causal {{ head_dim: {d}, dtype: bf16, mask: causal }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8CausalH {{ head_dim: {d}, dtype: e4m3, scales: per_head, mask: causal }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8CausalI {{ head_dim: {d}, dtype: e4m3, qk: int8, mask: causal }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}\npub Fp8CausalIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16, mask: causal }}\npub Fp8DenseR {{ head_dim: {d}, dtype: e4m3, v_layout: rows }}\npub Fp8CausalR {{ head_dim: {d}, dtype: e4m3, v_layout: rows, mask: causal }}",
     ))
     .expect("the timing variants parse");
     let st = rt.stream();
@@ -660,7 +696,8 @@ fn timing_attention_at(
         let blocks = n.div_ceil(128);
         let mut codes = st.alloc_zeros::<u8>(b * n * h * d).map_err(drv)?;
         let mut scales = st.alloc_zeros::<f32>(b * h * blocks).map_err(drv)?;
-        let mut quant_ms = 0.0;
+        // (Q, K and V in rows for `v_layout: rows`: three of the non-transposing kernel.)
+        let (mut quant_ms, mut quant_rows_ms) = (0.0, 0.0);
         for (transpose, times) in [(false, 2.0f32), (true, 1.0)] {
             let q = QuantSpec {
                 input: DType::Bf16,
@@ -676,8 +713,11 @@ fn timing_attention_at(
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
-            quant_ms +=
-                times * rt.time_quantize(&kernel, &xt, None, &mut codes, &mut scales, (5, 20))?;
+            let ms = rt.time_quantize(&kernel, &xt, None, &mut codes, &mut scales, (5, 20))?;
+            quant_ms += times * ms;
+            if !transpose {
+                quant_rows_ms = 3.0 * ms;
+            }
         }
         for causal in [false, true] {
             let mut fl = 4.0 * (b * h * n * n * d) as f64;
@@ -685,13 +725,14 @@ fn timing_attention_at(
                 fl /= 2.0;
             }
             let pick = |name: &str| specs.iter().find(|s| s.name == name).expect("declared");
-            let (f8, bf, f8h, f8i, f8iv) = if causal {
+            let (f8, bf, f8h, f8i, f8iv, f8r) = if causal {
                 (
                     pick("Fp8Causal"),
                     pick("Causal"),
                     pick("Fp8CausalH"),
                     pick("Fp8CausalI"),
                     pick("Fp8CausalIV"),
+                    pick("Fp8CausalR"),
                 )
             } else {
                 (
@@ -700,6 +741,7 @@ fn timing_attention_at(
                     pick("Fp8DenseH"),
                     pick("Fp8DenseI"),
                     pick("Fp8DenseIV"),
+                    pick("Fp8DenseR"),
                 )
             };
             let default =
@@ -714,6 +756,27 @@ fn timing_attention_at(
             let (_, _, ms_other) = run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?;
             let k_head = rt.load(f8h, Some(default))?;
             let (_, _, ms_head) = run_fp8(rt, &k_head, &x_head, shape, &[], Some((5, 20)))?;
+            // One scale per head allows 192-key tiles (a tuner candidate).
+            let wide = flash_dsl::TileConfig {
+                block_n: 192,
+                ..default
+            };
+            // V's codes in rows, transposed in shared memory (head dim 128), against Vᵀ from
+            // the quantiser (`fp8` above): the same scales, the same default tile.
+            let rows_cfg =
+                flash_dsl::plan::default_config_for(f8r, flash_dsl::plan::KernelFamily::Sm90Ws);
+            let ms_rows = if flash_dsl::plan::config_is_valid(f8r, &rows_cfg).is_ok() {
+                let k_rows = rt.load(f8r, Some(rows_cfg))?;
+                Some(run_fp8(rt, &k_rows, &x, shape, &[], Some((5, 20)))?.2)
+            } else {
+                None
+            };
+            let ms_wide = if flash_dsl::plan::config_is_valid(f8h, &wide).is_ok() {
+                let k_wide = rt.load(f8h, Some(wide))?;
+                Some(run_fp8(rt, &k_wide, &x_head, shape, &[], Some((5, 20)))?.2)
+            } else {
+                None
+            };
             let k_int8 = rt.load(f8i, None)?;
             let (_, _, ms_int8) = run_fp8(rt, &k_int8, &x_int8, shape, &[], Some((5, 20)))?;
             let k_iv = rt.load(f8iv, None)?;
@@ -734,7 +797,12 @@ fn timing_attention_at(
                 (format!("fp8{tag}_qkint8"), "e4m3", ms_int8),
                 (format!("fp8{tag}_qkint8_vbf16"), "e4m3", ms_iv),
                 (format!("bf16{tag}"), "bf16", ms16),
-            ] {
+            ]
+            .into_iter()
+            .chain(ms_wide.map(|ms| (format!("fp8{tag}_perhead_n192"), "e4m3", ms)))
+            .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows"), "e4m3", ms)))
+            .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows+quant"), "e4m3", ms + quant_rows_ms)))
+            {
                 let tf = fl / ms as f64 / 1e9;
                 println!(
                     "fwd      d={d:3} n={n:6} b={b:3} h={h:3} causal={} {variant:<22} flash {ms:9.3} ms {tf:7.1} TFLOP/s",
@@ -900,6 +968,7 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 q: (qq.codes, qq.scales),
                 k: (kq.codes, kq.scales),
                 v_t: (transpose_for_pv(&vq.codes, shape, 128), vq.scales),
+                v_rows: Vec::new(),
                 v16: v_bf16.then(|| v.iter().map(|&x| DType::Bf16.to_bits(x)).collect()),
                 dequant: (Vec::new(), Vec::new(), Vec::new()),
             };
