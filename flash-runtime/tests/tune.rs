@@ -515,6 +515,13 @@ fn output_comparison() {
     assert!(e.contains("element 1"), "{e}");
     let e = compare_outputs(&[0.5, f32::NAN, 0.125], &want, 1e-3).unwrap_err();
     assert!(e.contains("1 elements"), "{e}");
+    // fp8 configurations: the RMS of the difference relative to the output's.
+    let near = [0.52f32, -0.24, 0.12];
+    assert!(compare_outputs_rms(&near, &want, FP8_OUTPUT_REL_RMS).is_ok());
+    let e = compare_outputs_rms(&[-0.5, 0.25, 0.125], &want, FP8_OUTPUT_REL_RMS).unwrap_err();
+    assert!(e.contains("of the output's RMS"), "{e}");
+    let e = compare_outputs_rms(&[0.5, f32::NAN, 0.125], &want, FP8_OUTPUT_REL_RMS).unwrap_err();
+    assert!(e.contains("1 elements"), "{e}");
 }
 
 /// The real compile path (NVRTC, several threads) with a fake timer; needs NVRTC, no GPU.

@@ -889,13 +889,14 @@ fn fp8_wide_key_tiles() {
         "pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: window(256) }",
         "pub F { head_dim: 128, dtype: e4m3, scales: per_head, score: softcap(s, 20.0) }",
         "pub F { head_dim: 256, dtype: e4m3, scales: per_head }",
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_head, v: bf16 }",
+        "pub F { head_dim: 128, dtype: e4m3, qk: int8, scales: per_tensor, v: bf16, mask: causal }",
     ] {
         let s = parse(src);
-        assert_eq!(
-            default_config_for(&s, KernelFamily::Sm90Ws).block_n,
-            128,
-            "{src}"
-        );
+        let d = default_config_for(&s, KernelFamily::Sm90Ws);
+        assert_eq!(d.block_n, 128, "{src}");
+        // Every default plans (fits in shared memory).
+        assert!(plan(&s, Some(d)).is_ok(), "{src}");
     }
     // A window may still take 192 keys (the tuner's choice); per-block scales and d 256 may not.
     let window = parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: window(256) }");
@@ -903,7 +904,8 @@ fn fp8_wide_key_tiles() {
     let block = parse("pub F { head_dim: 128, dtype: e4m3 }");
     let e = plan(&block, Some(cfg)).unwrap_err().to_string();
     assert!(
-        e.contains("128 queries (one scale block) by 128 keys") && e.contains("got 128x192x12x3"),
+        e.contains("128 queries (one scale block) by 128 keys")
+            && e.contains("got 128x192x12x3 (192 keys need one scale per head or tensor"),
         "{e}"
     );
     let d256 = parse("pub F { head_dim: 256, dtype: e4m3, scales: per_head }");

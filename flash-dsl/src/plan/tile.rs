@@ -649,8 +649,14 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
         } else {
             format!("{block}")
         };
+        // Why 192 is out, where it was asked for.
+        let why = if cfg.block_n == 192 && !fp8_block_n_ok(spec, 192) {
+            " (192 keys need one scale per head or tensor — `scales: per_head` or `per_tensor`; a per-block scale covers 128 keys — e4m3 V codes and head dim at most 128)"
+        } else {
+            ""
+        };
         return fail(format!(
-            "the tile is {block} queries (one scale block) by {keys} keys, 12 warps, 2 or 3 stages; got {}x{}x{}x{}",
+            "the tile is {block} queries (one scale block) by {keys} keys, 12 warps, 2 or 3 stages; got {}x{}x{}x{}{why}",
             cfg.block_m, cfg.block_n, cfg.warps, cfg.stages
         ));
     }
@@ -675,11 +681,14 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
 /// more keys, as FlashAttention-3's fp8 forward does (224 there; 192 keeps Vᵀ's second box
 /// within 232 registers a consumer thread at head dim 128: S 96, O 64, P 24; at 256 O alone
 /// takes 128).
+/// Only with e4m3 V codes: bf16 V (`v: bf16`) at 192 keys was never run on a GPU, and its three
+/// default stages would not fit.
 pub fn fp8_block_n_ok(spec: &VariantSpec, block_n: u32) -> bool {
     let Some(f) = spec.fp8 else { return false };
     block_n == crate::spec::FP8_SCALE_BLOCK
         || (block_n == 192
             && spec.head_dim_v <= 128
+            && !f.v_bf16
             && !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. }))
 }
 

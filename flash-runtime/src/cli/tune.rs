@@ -209,6 +209,15 @@ fn tune_backward(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The inputs' type in the tuner's lines and rows: the codes' format for an fp8 variant (whose
+/// `dtype` is its bf16 output), else the dtype.
+fn dtype_label(spec: &flash_dsl::VariantSpec) -> String {
+    match spec.fp8 {
+        Some(f) => f.tag(),
+        None => spec.dtype.name().to_string(),
+    }
+}
+
 pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
     // An fp8 variant is tuned from codes and scales the timer quantises on the host (its key
     // tiles of 128 or 192, two or three stages); it has no backward kernel, so with `--backward`
@@ -249,7 +258,7 @@ pub(crate) fn cmd_tune(a: &TuneArgs) -> Result<ExitCode, FlashError> {
             spec.name,
             spec.head_dim_qk,
             spec.head_dim_v,
-            spec.dtype.name(),
+            dtype_label(spec),
             [
                 shape.batch,
                 shape.heads_q,
@@ -414,7 +423,7 @@ fn append_rows(
             "gpu": rt.info().name,
             "backend": backend,
             "variant": spec.name,
-            "dtype": spec.dtype.name(),
+            "dtype": dtype_label(spec),
             "d": spec.head_dim_qk,
             "n": shape.seq_q,
             "b": shape.batch,

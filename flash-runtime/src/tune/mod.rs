@@ -41,7 +41,9 @@ mod space;
 pub use flash_dsl::rng::SplitMix as Rng;
 
 pub use backward::{backward_candidates, BackwardTuneReport};
-pub use gpu::{compare_outputs, output_tolerance, GpuTimer, SpotCheck};
+pub use gpu::{
+    compare_outputs, compare_outputs_rms, output_tolerance, GpuTimer, SpotCheck, FP8_OUTPUT_REL_RMS,
+};
 pub use inputs::{default_params, forward_flops, mask_density};
 pub use record::{
     pow2_bucket, spec_hash, ShapeBucket, TuneKey, TuneRecord, TuneStore, RECORD_FORMAT,

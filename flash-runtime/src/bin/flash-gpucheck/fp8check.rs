@@ -751,7 +751,7 @@ fn timing_attention_at(
                 ..default
             };
             let kernel = rt.load(f8, Some(default))?;
-            let (_, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
+            let (o8, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
             let k_other = rt.load(f8, Some(other))?;
             let (_, _, ms_other) = run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?;
             let k_head = rt.load(f8h, Some(default))?;
@@ -765,9 +765,23 @@ fn timing_attention_at(
             // the quantiser (`fp8` above): the same scales, the same default tile.
             let rows_cfg =
                 flash_dsl::plan::default_config_for(f8r, flash_dsl::plan::KernelFamily::Sm90Ws);
+            // Same codes, same tile and order of arithmetic: O must be equal bit for bit — a check
+            // of the transposition on every (batch, head) of a launch with many items a block.
             let ms_rows = if flash_dsl::plan::config_is_valid(f8r, &rows_cfg).is_ok() {
                 let k_rows = rt.load(f8r, Some(rows_cfg))?;
-                Some(run_fp8(rt, &k_rows, &x, shape, &[], Some((5, 20)))?.2)
+                let (o_rows, _, ms) = run_fp8(rt, &k_rows, &x, shape, &[], Some((5, 20)))?;
+                let same = o_rows.len() == o8.len()
+                    && o_rows
+                        .iter()
+                        .zip(&o8)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                println!(
+                    "{} fp8 V rows against Vᵀ, d {d} n {n}{}: O bit for bit {}",
+                    if same { "ok  " } else { "FAIL" },
+                    if causal { " causal" } else { "" },
+                    if same { "equal" } else { "different" }
+                );
+                Some(ms)
             } else {
                 None
             };
