@@ -244,9 +244,10 @@ impl<'r> GpuTimer<'r> {
                 })
                 .collect()
         };
-        let q = stream.clone_htod(&draw(n_q)).map_err(drv("uploading Q"))?;
-        let k = stream.clone_htod(&draw(n_k)).map_err(drv("uploading K"))?;
-        let v = stream.clone_htod(&draw(n_v)).map_err(drv("uploading V"))?;
+        let (hq, hk, hv) = (draw(n_q), draw(n_k), draw(n_v));
+        let q = stream.clone_htod(&hq).map_err(drv("uploading Q"))?;
+        let k = stream.clone_htod(&hk).map_err(drv("uploading K"))?;
+        let v = stream.clone_htod(&hv).map_err(drv("uploading V"))?;
         let o = stream
             .alloc_zeros::<u16>(n_o.max(8))
             .map_err(drv("allocating O"))?;
@@ -255,15 +256,7 @@ impl<'r> GpuTimer<'r> {
             .map_err(drv("allocating the LSE"))?;
         let holds = upload_params(&stream, spec, params)?;
         // fp8: the values drawn above (bf16, as `dtype` is for an fp8 variant), quantised.
-        let fp8 = match spec.fp8 {
-            Some(_) => {
-                let host =
-                    |b: &CudaSlice<u16>| stream.clone_dtoh(b).map_err(drv("reading inputs back"));
-                let (hq, hk, hv) = (host(&q)?, host(&k)?, host(&v)?);
-                Fp8Hold::new(&stream, spec, shape, [&hq, &hk, &hv])?
-            }
-            None => None,
-        };
+        let fp8 = Fp8Hold::new(&stream, spec, shape, [&hq, &hk, &hv])?;
         Ok(GpuTimer {
             rt,
             spec: spec.clone(),
