@@ -309,17 +309,19 @@ fn quantisation_kernels_compile_without_spills() {
                         amax_pass: false,
                         smooth: false,
                         sum_pass: false,
+                        mean_pass: false,
                     };
                     jobs.push(plan_quantize(&q).unwrap());
                     if let Some(first) = q.amax_pass().filter(|_| !transpose) {
                         jobs.push(plan_quantize(&first).unwrap());
                     }
-                    // K smoothed (not V): its column-sum pass, and the amax pass of a
-                    // per-head or per-tensor one reading the sums.
+                    // K smoothed (not V): its column-sum and means passes, and the amax pass of
+                    // a per-head or per-tensor one reading the means.
                     if !transpose {
                         let sm = QuantSpec { smooth: true, ..q };
                         jobs.push(plan_quantize(&sm).unwrap());
                         jobs.push(plan_quantize(&sm.sum_pass().unwrap()).unwrap());
+                        jobs.push(plan_quantize(&sm.mean_pass().unwrap()).unwrap());
                         if let Some(first) = sm.amax_pass() {
                             jobs.push(plan_quantize(&first).unwrap());
                         }

@@ -206,6 +206,8 @@ struct Context {
     /// this is its column-sum pass.
     quant_smooth: bool,
     quant_sum_pass: bool,
+    /// ... and whether this is its means pass.
+    quant_mean_pass: bool,
     quant_type: String,
     /// The quantiser writes int8 codes (not an fp8 conversion).
     quant_int8: bool,
@@ -224,6 +226,9 @@ struct Context {
     /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
     /// block of 128 positions, 1 per (batch, head), 2 per tensor.
     fp8_scale_unit: u32,
+    /// The fp8 consumers run their tiles as one stream across work items
+    /// (`plan::forward::fp8_item_stream`).
+    fp8_stream: bool,
 }
 
 /// The backward kernels' parameter-gradient code, from `plan::backward::grad_terms`: for each
@@ -480,6 +485,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
             .is_some_and(|q| !q.amax_pass && q.group != crate::plan::quantize::ScaleGroup::Block),
         quant_smooth: plan.quant.is_some_and(|q| q.smooth),
         quant_sum_pass: plan.quant.is_some_and(|q| q.sum_pass),
+        quant_mean_pass: plan.quant.is_some_and(|q| q.mean_pass),
         quant_int8: plan
             .quant
             .is_some_and(|q| q.format == crate::fp8::Fp8Format::Int8),
@@ -508,6 +514,8 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         fp8_scale_unit: spec.fp8.map_or(0, |f| {
             crate::plan::quantize::ScaleGroup::of(f.scaling) as u32
         }),
+        fp8_stream: plan.kind == KernelKind::Forward
+            && crate::plan::forward::fp8_item_stream(spec, &cfg),
         wgmma_defs: wgmma::hopper_wgmmas(plan)
             .iter()
             .map(|w| {

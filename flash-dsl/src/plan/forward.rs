@@ -260,6 +260,23 @@ pub fn o_tma_max_keys(spec: &VariantSpec) -> u32 {
 /// measured gains at 1024 keys and losses at 4096 and above; 2048 was not measured.
 pub const DENSE_O_TMA_MAX_KEYS: u32 = 2048;
 
+/// Whether the sm90ws fp8 forward's consumers run their tiles as one stream across work items:
+/// at an item's end the next item's first Q·Kᵀ goes with this item's last P·V and its softmax
+/// runs under it, then this item's epilogue (the bf16 kernel's overlapped schedule does the
+/// same). Taken with three stages (the overlapped schedule), head dim ≤ 128 and one V scale an
+/// item — `scales: per_head` / `per_tensor`, or bf16 V. H200, same call, against items one
+/// after another (`bench/results/ab-fp8-item-stream/`): per head with 192-key tiles +4.6 to
+/// +6.0 % dense (n 4k / 16k), +6.9 to +8.4 % causal; int8 Q·K with bf16 V +1 to +4 %. With V
+/// scales per block (a rescale of O every tile) the stream measured 2-7 % slower, and at head
+/// dim 256 it spilled (136 bytes): those keep items one after another.
+pub fn fp8_item_stream(spec: &VariantSpec, cfg: &TileConfig) -> bool {
+    spec.fp8
+        .is_some_and(|f| f.v_bf16 || !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. }))
+        && cfg.family == KernelFamily::Sm90Ws
+        && cfg.stages == 3
+        && spec.head_dim_v <= 128
+}
+
 /// Bytes of one Q tile in the forward's shared memory (rows padded to 64 elements for the
 /// 128-byte swizzle; one byte per element for fp8).
 pub fn q_tile_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {

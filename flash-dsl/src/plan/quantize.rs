@@ -57,20 +57,20 @@ pub struct QuantSpec {
     /// Smooth K first: subtract from each row the mean over the positions of its (batch, head)
     /// (before the rotation), which moves every score of a query row by the same amount — the
     /// softmax, and so O, are unchanged, the LSE moves by that amount, and the codes spend their
-    /// range on what differs between keys. For K only (V's mean would change O). Takes a first
-    /// pass ([`QuantSpec::sum_pass`]) writing each block's column sums into a scratch `[batch,
-    /// heads, blocks, d]` tensor; the later passes reduce their (batch, head)'s sums in block
-    /// order, so the mean is the same f32 value in every block and equal to
-    /// [`crate::fp8::smooth_keys_f32`]'s. Every later block re-adds its (batch, head)'s sums
-    /// (blocks × d floats), so those reads grow with the square of the sequence: about 134 MB,
-    /// mostly from L2, at 16k positions of 16 heads of 128 (inside the 0.07 ms the smoothing
-    /// measured), about 8.6 GB at 128k. A means pass between (one thread per batch, head and
-    /// column, the same order) would make them linear; not built yet.
+    /// range on what differs between keys. For K only (V's mean would change O). Takes two first
+    /// passes: [`QuantSpec::sum_pass`] writes each block's column sums into a scratch `[batch,
+    /// heads, blocks, d]` tensor, then [`QuantSpec::mean_pass`] reduces each (batch, head)'s sums
+    /// in block order into its mean (over its first block's sums), so the mean is one f32 value,
+    /// equal to [`crate::fp8::smooth_keys_f32`]'s, and the later passes read d floats a block.
     #[serde(default)]
     pub smooth: bool,
     /// The first pass of a smoothing quantisation (see [`QuantSpec::smooth`]): column sums only.
     #[serde(default)]
     pub sum_pass: bool,
+    /// The second pass of a smoothing quantisation (see [`QuantSpec::smooth`]): the means, one
+    /// thread per column of each (batch, head), in place of the first block's column sums.
+    #[serde(default)]
+    pub mean_pass: bool,
 }
 
 /// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]). The
@@ -151,6 +151,9 @@ impl QuantSpec {
         if self.sum_pass && (!self.smooth || self.amax_pass) {
             return Err("the column-sum pass belongs to a smoothing quantisation, alone".into());
         }
+        if self.mean_pass && (!self.smooth || self.amax_pass || self.sum_pass) {
+            return Err("the means pass belongs to a smoothing quantisation, alone".into());
+        }
         if self.hadamard && !self.head_dim.is_power_of_two() {
             return Err(format!(
                 "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got {}",
@@ -166,11 +169,11 @@ impl QuantSpec {
     }
 
     /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had` (`_t` transposed,
-    /// `_head` / `_tensor` for those groups, `_amax` for their first pass, `_smooth` smoothed and
-    /// `_sum` for its first pass).
+    /// `_head` / `_tensor` for those groups, `_amax` for their first pass, `_smooth` smoothed,
+    /// `_sum` and `_mean` for its first two passes).
     pub fn kernel_name(&self) -> String {
         format!(
-            "flash_quant_{}_{}_d{}_r{}{}{}{}{}{}{}",
+            "flash_quant_{}_{}_d{}_r{}{}{}{}{}{}{}{}",
             self.format.name(),
             self.input.name(),
             self.head_dim,
@@ -185,6 +188,7 @@ impl QuantSpec {
             if self.amax_pass { "_amax" } else { "" },
             if self.smooth { "_smooth" } else { "" },
             if self.sum_pass { "_sum" } else { "" },
+            if self.mean_pass { "_mean" } else { "" },
         )
     }
 
@@ -192,7 +196,7 @@ impl QuantSpec {
     /// pass of one). It writes no codes, so its format is always e4m3: int8 and e4m3 K share
     /// one kernel.
     pub fn sum_pass(&self) -> Option<QuantSpec> {
-        (self.smooth && !self.sum_pass && !self.amax_pass).then_some(QuantSpec {
+        (self.smooth && !self.sum_pass && !self.mean_pass && !self.amax_pass).then_some(QuantSpec {
             sum_pass: true,
             format: Fp8Format::E4m3,
             hadamard: false,
@@ -202,16 +206,26 @@ impl QuantSpec {
         })
     }
 
+    /// The means pass of this smoothing quantisation (after [`QuantSpec::sum_pass`]); `None`
+    /// without smoothing or for a pass. Like the sum pass it writes no codes: one kernel for
+    /// int8 and e4m3 K.
+    pub fn mean_pass(&self) -> Option<QuantSpec> {
+        self.sum_pass().map(|sum| QuantSpec {
+            sum_pass: false,
+            mean_pass: true,
+            ..sum
+        })
+    }
+
     /// The first pass of this (per-head or per-tensor) quantisation; `None` for per-block
     /// scales, which take one.
     pub fn amax_pass(&self) -> Option<QuantSpec> {
-        (self.group != ScaleGroup::Block && !self.amax_pass && !self.sum_pass).then_some(
-            QuantSpec {
+        (self.group != ScaleGroup::Block && !self.amax_pass && !self.sum_pass && !self.mean_pass)
+            .then_some(QuantSpec {
                 amax_pass: true,
                 transpose: false,
                 ..*self
-            },
-        )
+            })
     }
 
     /// The f32 normalisation of the rotation, `1/√d` rounded to f32 (the host model uses the
@@ -239,6 +253,7 @@ impl QuantSpec {
 ///     amax_pass: false,
 ///     smooth: false,
 ///     sum_pass: false,
+///     mean_pass: false,
 /// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
@@ -270,10 +285,13 @@ impl QuantSpec {
 /// assert_eq!(names, ["x", "codes", "scales", "signs", "amax"]);
 /// assert_eq!(second.operands[2].dims.len(), 2);
 ///
-/// // Smoothing K: a first pass writes each block's column sums, the encoding reads them.
+/// // Smoothing K: a first pass writes each block's column sums, a second turns them into the
+/// // (batch, head)'s means, the encoding reads those.
 /// let smooth = QuantSpec { smooth: true, ..q };
 /// let sums = plan_quantize(&smooth.sum_pass().unwrap()).unwrap();
 /// assert_eq!(sums.kernel_name, "flash_quant_e4m3_bf16_d128_r128_smooth_sum");
+/// let means = plan_quantize(&smooth.mean_pass().unwrap()).unwrap();
+/// assert_eq!(means.kernel_name, "flash_quant_e4m3_bf16_d128_r128_smooth_mean");
 /// let names: Vec<&str> = sums.operands.iter().map(|o| o.name.as_str()).collect();
 /// assert_eq!(names, ["x", "colsum"]);
 /// let enc = plan_quantize(&smooth).unwrap();
@@ -334,10 +352,10 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         )
     };
     let mut operands = vec![x];
-    if q.sum_pass {
+    if q.sum_pass || q.mean_pass {
         operands.push(colsum(Role::Output));
     }
-    if !q.amax_pass && !q.sum_pass {
+    if !q.amax_pass && !q.sum_pass && !q.mean_pass {
         operands.push(Operand::new(
             CODES_OPERAND,
             Role::Output,
@@ -361,7 +379,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             Layout::Contiguous,
         ));
     }
-    if q.hadamard && !q.sum_pass {
+    if q.hadamard && !q.sum_pass && !q.mean_pass {
         operands.push(Operand::new(
             SIGNS_OPERAND,
             Role::Input,
@@ -372,10 +390,10 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     }
     if q.amax_pass {
         operands.push(amax(Role::Output));
-    } else if q.group != ScaleGroup::Block && !q.sum_pass {
+    } else if q.group != ScaleGroup::Block && !q.sum_pass && !q.mean_pass {
         operands.push(amax(Role::Input));
     }
-    if q.smooth && !q.sum_pass {
+    if q.smooth && !q.sum_pass && !q.mean_pass {
         operands.push(colsum(Role::Input));
     }
     let mut scalars = vec![
@@ -430,6 +448,7 @@ mod tests {
             amax_pass: false,
             smooth: true,
             sum_pass: false,
+            mean_pass: false,
         }
     }
 
@@ -451,6 +470,19 @@ mod tests {
         );
         assert_eq!(sum.sum_pass(), None);
         assert_eq!(sum.amax_pass(), None);
+        let mean = q.mean_pass().expect("smoothing takes a means pass");
+        assert!(
+            mean.mean_pass && !mean.sum_pass && !mean.hadamard && mean.group == ScaleGroup::Block
+        );
+        assert_eq!(int8.mean_pass(), Some(mean));
+        assert_eq!(
+            (mean.sum_pass(), mean.mean_pass(), mean.amax_pass()),
+            (None, None, None)
+        );
+        assert!(plan_quantize(&mean)
+            .unwrap()
+            .kernel_name
+            .ends_with("_smooth_mean"));
         let amax = q.amax_pass().expect("per-head scales take an amax pass");
         assert!(amax.smooth && amax.amax_pass && amax.sum_pass().is_none());
         let names = |s: &QuantSpec| -> Vec<String> {
@@ -462,6 +494,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(names(&sum), ["x", "colsum"]);
+        assert_eq!(names(&mean), ["x", "colsum"]);
         assert_eq!(names(&amax), ["x", "signs", "amax", "colsum"]);
         assert_eq!(
             names(&q),
@@ -471,7 +504,27 @@ mod tests {
         let plain = QuantSpec { smooth: false, ..q };
         assert_eq!(plain.sum_pass(), None);
         assert!(!names(&plain).iter().any(|n| n == "colsum"));
-        // A sum pass on its own, or with the amax pass, is refused.
+        assert_eq!(plain.mean_pass(), None);
+        // A sum or means pass on its own, or with another pass, is refused.
+        for bad in [
+            QuantSpec {
+                smooth: false,
+                mean_pass: true,
+                ..q
+            },
+            QuantSpec {
+                mean_pass: true,
+                amax_pass: true,
+                ..q
+            },
+            QuantSpec {
+                mean_pass: true,
+                sum_pass: true,
+                ..q
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
         assert!(QuantSpec {
             smooth: false,
             sum_pass: true,

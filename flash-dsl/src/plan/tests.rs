@@ -1216,3 +1216,63 @@ fn the_wgmma_backward_stores_dk_and_dv_by_tma_where_the_boxes_fit() {
     assert!(!dq_by_tma(&s, &sm90(128), false));
     assert!(!dkdv_by_tma(&s, &sm90(128), false));
 }
+
+/// The fp8 forward runs its tiles as one stream across work items with one V scale an item
+/// (per head or tensor, or bf16 V), three stages and head dim ≤ 128; per-block V scales, two
+/// stages and head dim 256 keep items one after another — and the generated kernel says which.
+#[test]
+fn fp8_item_stream_where_one_v_scale() {
+    use crate::plan::forward::fp8_item_stream;
+    let parse = |src: &str| crate::parse::parse_str(src).unwrap().remove(0);
+    let stream_of = |src: &str, stages: Option<u32>| {
+        let spec = parse(src);
+        let mut cfg = default_config_for(&spec, KernelFamily::Sm90Ws);
+        if let Some(s) = stages {
+            cfg.stages = s;
+        }
+        let on = fp8_item_stream(&spec, &cfg);
+        let kernel = crate::emit(&plan(&spec, Some(cfg)).unwrap()).source;
+        // The stream's epilogue helper exists only in the streamed kernel.
+        assert_eq!(
+            kernel.contains("auto next_live = [&](Item& it)"),
+            on,
+            "{src}"
+        );
+        on
+    };
+    assert!(stream_of(
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_head, mask: causal }",
+        None
+    ));
+    assert!(stream_of(
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_tensor }",
+        None
+    ));
+    assert!(stream_of(
+        "pub F { head_dim: 64, dtype: e4m3, scales: per_head }",
+        None
+    ));
+    assert!(stream_of(
+        "pub F { head_dim: 128, dtype: e4m3, qk: int8, v: bf16 }",
+        None
+    ));
+    assert!(!stream_of("pub F { head_dim: 128, dtype: e4m3 }", None));
+    assert!(!stream_of(
+        "pub F { head_dim: 128, dtype: e4m3, mask: causal }",
+        None
+    ));
+    assert!(!stream_of(
+        "pub F { head_dim: 256, dtype: e4m3, scales: per_head }",
+        None
+    ));
+    assert!(!stream_of(
+        "pub F { head_dim: 128, dtype: e4m3, scales: per_head }",
+        Some(2)
+    ));
+    // Not fp8: the bf16 kernel's own schedule.
+    let bf16 = parse("pub F { head_dim: 128, dtype: bf16 }");
+    assert!(!fp8_item_stream(
+        &bf16,
+        &default_config_for(&bf16, KernelFamily::Sm90Ws)
+    ));
+}

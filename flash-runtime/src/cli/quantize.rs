@@ -122,6 +122,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         amax_pass: false,
         smooth: a.smooth,
         sum_pass: false,
+        mean_pass: false,
     };
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;

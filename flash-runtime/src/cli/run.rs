@@ -675,6 +675,7 @@ fn run_fp8(
             amax_pass: false,
             smooth: false,
             sum_pass: false,
+            mean_pass: false,
         };
         let qk = rt.load_quantize(&qspec)?;
         rt.quantize(

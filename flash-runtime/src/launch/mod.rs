@@ -63,6 +63,21 @@ fn driver(what: &str, e: result::DriverError) -> FlashError {
     FlashError::Driver(format!("{what}: {e:?}"))
 }
 
+/// The persistent kernels' grid: `sm_count` blocks, or `cap` (`FLASH_PERSISTENT_BLOCKS`) where
+/// that is smaller — a whole number from 1; anything else is an error naming the value.
+fn persistent_blocks(sm_count: u32, cap: Option<&str>) -> Result<usize, FlashError> {
+    let sms = sm_count.max(1) as usize;
+    match cap.map(str::trim) {
+        None | Some("") => Ok(sms),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n.min(sms)),
+            _ => Err(invalid(format!(
+                "FLASH_PERSISTENT_BLOCKS must be a whole number of blocks from 1; got {v:?}"
+            ))),
+        },
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Runtime and loaded kernels
 // ---------------------------------------------------------------------------------------------
@@ -116,6 +131,11 @@ pub struct Runtime {
     sched: Mutex<Option<CudaSlice<i32>>>,
     /// The split-KV pass's fp32 partials and arrival counters (see `splitkv`).
     split_ws: Mutex<SplitWorkspace>,
+    /// Blocks of a persistent kernel's grid: one per SM, or fewer with
+    /// `FLASH_PERSISTENT_BLOCKS` — a check's small problems then hand each block several work
+    /// items, which exercises what happens between a block's items (the stage ring, the
+    /// schedule that runs across them).
+    persistent_blocks: usize,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -204,6 +224,10 @@ impl Runtime {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )? as u32,
         };
+        let persistent_blocks = persistent_blocks(
+            info.sm_count,
+            std::env::var("FLASH_PERSISTENT_BLOCKS").ok().as_deref(),
+        )?;
         Ok(Runtime {
             ctx,
             stream,
@@ -213,6 +237,7 @@ impl Runtime {
             variant_specs: Mutex::new(HashMap::new()),
             sched: Mutex::new(None),
             split_ws: Mutex::new((None, None)),
+            persistent_blocks,
         })
     }
 
@@ -630,7 +655,7 @@ impl Runtime {
         let [gx, gy, gz] = plan
             .launch
             .grid
-            .grid(|e| ext.get(e), self.info.sm_count as usize);
+            .grid(|e| ext.get(e), self.persistent_blocks);
         if gx > i32::MAX as usize || gy > 65535 || gz > 65535 {
             return Err(invalid(format!(
                 "grid ({gx}, {gy}, {gz}) exceeds the launch limits (2^31-1, 65535, 65535)"

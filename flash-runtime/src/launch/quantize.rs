@@ -18,11 +18,12 @@ use crate::prepared::PreparedLaunch;
 /// quantisation, or block column sums of a smoothing one).
 type Pass = (Arc<LoadedKernel>, CudaSlice<f32>);
 
-/// The passes before the encoding kernel: K's column sums (smoothing), then the block amaxes
-/// (one scale per head or tensor).
+/// The passes before the encoding kernel: K's column sums and then their means (smoothing; the
+/// means kernel works in the sums' scratch), then the block amaxes (one scale per head or
+/// tensor).
 #[derive(Default)]
 struct FirstPasses {
-    sum: Option<Pass>,
+    sum: Option<(Pass, Arc<LoadedKernel>)>,
     amax: Option<Pass>,
 }
 
@@ -100,10 +101,13 @@ impl Runtime {
                 .map_err(|e| super::driver(&format!("allocating the {what}"), e))
         };
         let mut passes = FirstPasses::default();
-        if let Some(first) = q.sum_pass() {
+        if let (Some(first), Some(means)) = (q.sum_pass(), q.mean_pass()) {
             passes.sum = Some((
-                self.load_quantize(&first)?,
-                scratch(blocks * d, "column sums")?,
+                (
+                    self.load_quantize(&first)?,
+                    scratch(blocks * d, "column sums")?,
+                ),
+                self.load_quantize(&means)?,
             ));
         }
         if let Some(first) = q.amax_pass() {
@@ -130,9 +134,9 @@ impl Runtime {
                 kernel.plan.kernel_name
             ))
         })?;
-        if q.amax_pass || q.sum_pass {
+        if q.amax_pass || q.sum_pass || q.mean_pass {
             return Err(super::check::invalid(format!(
-                "kernel `{}` is a first pass (block amaxes or column sums) of a multi-pass quantisation; pass the kernel of the quantisation itself",
+                "kernel `{}` is a first pass (block amaxes, column sums or their means) of a multi-pass quantisation; pass the kernel of the quantisation itself",
                 kernel.plan.kernel_name
             )));
         }
@@ -158,12 +162,13 @@ impl Runtime {
         let mut launches = Vec::new();
         // Operands in the plans' order: x, [codes, scales], [signs], [amax], [colsum].
         let mut sum_op = None;
-        if let Some((k0, scratch)) = first.sum.as_mut() {
+        if let Some(((k0, scratch), k_mean)) = first.sum.as_mut() {
             let n = scratch.len();
             let (cp, _c) = scratch.device_ptr_mut(stream);
             let op = OperandArg::flat(cp, n, ElemType::F32, me);
             let ops = vec![OperandArg::from(&x.desc), op.clone()];
             launches.push(self.prepare_with(k0, &ops, &[], &[], &preset)?);
+            launches.push(self.prepare_with(k_mean, &ops, &[], &[], &preset)?);
             sum_op = Some(op);
         }
         let mut amax_op = None;

@@ -434,3 +434,19 @@ fn a_backward_walk_past_2_pow_31_steps_is_refused_by_name() {
     assert!(walk_fits("v", 255, (1 << 29) + 64, 64).is_err());
     assert!(walk_fits("v", 255, 1 << 29, 64).is_ok());
 }
+
+#[test]
+fn persistent_blocks_cap_by_environment() {
+    assert_eq!(persistent_blocks(132, None).unwrap(), 132);
+    assert_eq!(persistent_blocks(132, Some("")).unwrap(), 132);
+    assert_eq!(persistent_blocks(132, Some("4")).unwrap(), 4);
+    // A cap above the SM count keeps one block per SM.
+    assert_eq!(persistent_blocks(132, Some("1000")).unwrap(), 132);
+    for bad in ["0", "-3", "four", "2.5"] {
+        let e = persistent_blocks(132, Some(bad)).unwrap_err().to_string();
+        assert!(
+            e.contains("FLASH_PERSISTENT_BLOCKS") && e.contains(bad),
+            "{bad}: {e}"
+        );
+    }
+}

@@ -97,6 +97,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         amax_pass: false,
                         smooth,
                         sum_pass: false,
+                        mean_pass: false,
                     };
                     let len: usize = shape.iter().product();
                     // The last shape's second batch element is tiny (1e-37: `448 / amax`
@@ -203,6 +204,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                 amax_pass: false,
                 smooth: false,
                 sum_pass: false,
+                mean_pass: false,
             };
             let bits: Vec<u16> = vals.iter().map(|&v| DType::Bf16.to_bits(v)).collect();
             let x: Vec<f32> = bits
@@ -268,6 +270,7 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 amax_pass: false,
                 smooth,
                 sum_pass: false,
+                mean_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&x, shape, st);
@@ -710,6 +713,7 @@ fn timing_attention_at(
                 amax_pass: false,
                 smooth: false,
                 sum_pass: false,
+                mean_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
