@@ -410,6 +410,49 @@ pub fn mma_key_order(c: usize) -> usize {
         }
 }
 
+/// Q, K and V quantised on the host as an fp8 variant declares them ([`Fp8Spec`]): Q's and K's
+/// codes in their format, V's e4m3 codes (none with `v: bf16`), every scale grouped as
+/// declared — what the quantisation kernels write (their GPU check compares the two bit for
+/// bit). The tuner's fp8 timer and the GPU check draw their inputs through it.
+#[derive(Debug, Clone)]
+pub struct QuantizedOperands {
+    /// Q's codes (`qk_format`) and scales.
+    pub q: Quantized,
+    /// K's codes (`qk_format`) and scales.
+    pub k: Quantized,
+    /// `None` with `v: bf16` (V is passed as bf16, without scales).
+    pub v: Option<Quantized>,
+}
+
+/// Quantises `q` (`shape_q`), `k` and `v` (`shape_k`, all `[batch, seq, heads, d]` row-major) as
+/// `f` declares.
+pub fn quantize_operands(
+    f: &Fp8Spec,
+    [q, k, v]: [&[f32]; 3],
+    shape_q: [usize; 4],
+    shape_k: [usize; 4],
+) -> QuantizedOperands {
+    QuantizedOperands {
+        q: quantize(q, shape_q, f.scaling, f.qk_format),
+        k: quantize(k, shape_k, f.scaling, f.qk_format),
+        v: (!f.v_bf16).then(|| quantize(v, shape_k, f.scaling, Fp8Format::E4m3)),
+    }
+}
+
+impl QuantizedOperands {
+    /// V's codes as the kernel reads them: in rows (`v_layout: rows`), or transposed for the
+    /// P·V product ([`transpose_for_pv`], blocks of 128 keys); `None` with `v: bf16`.
+    pub fn v_codes(&self, rows: bool) -> Option<Vec<u8>> {
+        self.v.as_ref().map(|v| {
+            if rows {
+                v.codes.clone()
+            } else {
+                transpose_for_pv(&v.codes, v.shape, crate::spec::FP8_SCALE_BLOCK as usize)
+            }
+        })
+    }
+}
+
 /// Codes `[batch, seq, heads, d]` (row-major) as the transposed V of an fp8 P·V product:
 /// `[batch, heads, d, seq_padded]`, `seq_padded` the sequence rounded up to whole blocks of
 /// `block_rows` (padding zeros), positions reordered by [`mma_key_order`].
@@ -564,6 +607,37 @@ pub fn smooth_keys_f32(x: &mut [f32], shape: [usize; 4], block_rows: usize) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The operands of a declaration: Q and K in `qk_format`, V in e4m3 (rows or transposed
+    /// for P·V, the same codes), none with bf16 V; every scale grouped as declared.
+    #[test]
+    fn operands_quantize_as_declared() {
+        let (sq, sk) = ([1, 3, 2, 8], [1, 5, 1, 8]);
+        let draw = |n: usize, k: f32| (0..n).map(|i| ((i as f32) * k).sin()).collect::<Vec<_>>();
+        let (q, k, v) = (draw(48, 0.7), draw(40, 1.3), draw(40, 2.1));
+        let f = Fp8Spec {
+            format: Fp8Format::E4m3,
+            qk_format: Fp8Format::Int8,
+            v_bf16: false,
+            v_rows: false,
+            scaling: Scaling::PerHead,
+        };
+        let x = quantize_operands(&f, [&q, &k, &v], sq, sk);
+        assert_eq!(
+            x.q.codes,
+            quantize(&q, sq, Scaling::PerHead, Fp8Format::Int8).codes
+        );
+        assert_eq!(x.k.scales.len(), 1);
+        let vq = x.v.as_ref().expect("e4m3 V");
+        assert_eq!(vq.format, Fp8Format::E4m3);
+        assert_eq!(x.v_codes(true).unwrap(), vq.codes);
+        assert_eq!(
+            x.v_codes(false).unwrap(),
+            transpose_for_pv(&vq.codes, sk, 128)
+        );
+        let b16 = quantize_operands(&Fp8Spec { v_bf16: true, ..f }, [&q, &k, &v], sq, sk);
+        assert!(b16.v.is_none() && b16.v_codes(false).is_none());
+    }
 
     #[test]
     fn smoothing_in_f32_matches_the_f64_model() {

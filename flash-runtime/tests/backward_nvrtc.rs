@@ -153,6 +153,13 @@ fn every_backward_kernel_compiles_within_the_spill_bound() {
             if r.wgmma_serialized { " serial" } else { "" }
         );
         assert_eq!(&k.cubin[..4], b"\x7fELF");
+        // The spill bounds below mean something only where ptxas's resource line was read.
+        assert!(
+            r.registers > 0,
+            "{}: no ptxas resource line: {}",
+            p.kernel_name,
+            k.log
+        );
         if is_default && r.wgmma_serialized {
             serialized.push(format!("{} {arch}", p.kernel_name));
         }

@@ -74,6 +74,13 @@ fn every_example_variant_compiles_without_spills() {
             if r.wgmma_serialized { " serial" } else { "" }
         );
         assert_eq!(&k.cubin[..4], b"\x7fELF");
+        // No spills means something only where ptxas's resource line was read.
+        assert!(
+            r.registers > 0,
+            "{}: no ptxas resource line in the log:\n{}",
+            spec.name,
+            k.log
+        );
         // A kernel whose wgmmas ptxas serialised (advisory C7520) counts as spilling: both
         // are silent losses of speed.
         if r.spills() || r.wgmma_serialized {
@@ -138,7 +145,10 @@ fn block_map_builders_compile() {
             "{name}: {} registers, {} spill bytes",
             r.registers, r.spill_stores
         );
-        assert!(!r.spills(), "{name} spills");
+        assert!(
+            r.registers > 0 && !r.spills(),
+            "{name} spills (or its log has no resource line)"
+        );
     }
 }
 
@@ -197,6 +207,7 @@ fn split_kv_kernels_compile_without_spills() {
             "{name:<58} {arch:<7} {:>4} regs {smem:>7} smem {:>4}/{:<4} spill",
             r.registers, r.spill_stores, r.spill_loads
         );
+        assert!(r.registers > 0, "{name}: no ptxas resource line");
         if r.spills() && !name.contains("_d256x256_") {
             spilled.push(format!("{name} {arch}"));
         }
@@ -268,6 +279,7 @@ fn varlen_kernels_compile_without_spills() {
         // (no block map in a packed batch); their bounds cost a few spilled words, allowed up to
         // 64 bytes. Every other packed kernel must not spill.
         let bound = if ranges { 64 } else { 0 };
+        assert!(r.registers > 0, "{name} {arch}: no ptxas resource line");
         if r.spill_stores > bound || r.spill_loads > bound {
             spilled.push(format!("{name} {arch}"));
         }
@@ -348,6 +360,9 @@ fn quantisation_kernels_compile_without_spills() {
             "{name:<44} {:>4} regs {:>4}/{:<4} spill",
             r.registers, r.spill_stores, r.spill_loads
         );
-        assert!(!r.spills(), "{name} spills");
+        assert!(
+            r.registers > 0 && !r.spills(),
+            "{name} spills (or its log has no resource line)"
+        );
     }
 }

@@ -41,6 +41,13 @@ fn fp8_forward_kernels_compile_without_spills() {
                 r.spill_loads,
                 if r.wgmma_serialized { " serial" } else { "" }
             );
+            // (No spills means something only where ptxas's resource line was read.)
+            assert!(
+                r.registers > 0,
+                "{}: no ptxas resource line: {}",
+                plan.kernel_name,
+                k.log
+            );
             assert_eq!(
                 (r.spill_stores, r.spill_loads),
                 (0, 0),

@@ -84,7 +84,6 @@ impl Fp8Hold {
         shape: ProblemShape,
         [q, k, v]: [&[u16]; 3],
     ) -> Result<Option<Fp8Hold>, FlashError> {
-        use flash_dsl::fp8::{quantize, transpose_for_pv, Fp8Format};
         let Some(f) = spec.fp8 else { return Ok(None) };
         let d = spec.head_dim_qk as usize;
         let (sq, sk) = (
@@ -98,27 +97,29 @@ impl Fp8Hold {
                 .collect()
         };
         let n = |s: [usize; 4]| s.iter().product::<usize>();
-        let qq = quantize(&vals(q, n(sq)), sq, f.scaling, f.qk_format);
-        let kq = quantize(&vals(k, n(sk)), sk, f.scaling, f.qk_format);
+        let x = flash_dsl::fp8::quantize_operands(
+            &f,
+            [&vals(q, n(sq)), &vals(k, n(sk)), &vals(v, n(sk))],
+            sq,
+            sk,
+        );
         let up8 = |c: &[u8]| stream.clone_htod(c).map_err(drv("uploading fp8 codes"));
         let up32 = |c: &[f32]| stream.clone_htod(c).map_err(drv("uploading fp8 scales"));
         let keep = n(sq) + 2 * n(sk) <= FP8_HOST_MAX;
-        let (v_dev, v_deq) = if f.v_bf16 {
-            let deq = v[..n(sk)]
+        let v_dev = match (x.v_codes(f.v_rows), &x.v) {
+            (Some(codes), Some(vq)) => Some((up8(&codes)?, up32(&vq.scales)?)),
+            _ => None,
+        };
+        // (bf16 V: the values themselves.)
+        let v_deq = match &x.v {
+            _ if !keep => Vec::new(),
+            Some(vq) => vq.dequantize(),
+            None => v[..n(sk)]
                 .iter()
                 .map(|&b| DType::Bf16.from_bits(b))
-                .collect();
-            (None, deq)
-        } else {
-            let vq = quantize(&vals(v, n(sk)), sk, f.scaling, Fp8Format::E4m3);
-            let codes = if f.v_rows {
-                vq.codes.clone()
-            } else {
-                transpose_for_pv(&vq.codes, sk, flash_dsl::spec::FP8_SCALE_BLOCK as usize)
-            };
-            let deq = if keep { vq.dequantize() } else { Vec::new() };
-            (Some((up8(&codes)?, up32(&vq.scales)?)), deq)
+                .collect(),
         };
+        let (qq, kq) = (x.q, x.k);
         Ok(Some(Fp8Hold {
             q: (up8(&qq.codes)?, up32(&qq.scales)?),
             k: (up8(&kq.codes)?, up32(&kq.scales)?),

@@ -338,29 +338,39 @@ fn fp8_problem(
         draw(b * sk * hkv * d, seed + 1),
         draw(b * sk * hkv * d, seed + 2),
     );
-    let qq = quantize(&q, shape_q, scaling, qk_format);
-    let kq = quantize(&k, shape_k, scaling, qk_format);
-    if v_bf16 {
-        let v16: Vec<u16> = v.iter().map(|&x| DType::Bf16.to_bits(x as f64)).collect();
-        let v_deq = v16.iter().map(|&b| DType::Bf16.from_bits(b)).collect();
-        return Fp8Problem {
-            dequant: (qq.dequantize(), kq.dequantize(), v_deq),
-            q: (qq.codes, qq.scales),
-            k: (kq.codes, kq.scales),
-            v_t: (Vec::new(), Vec::new()),
-            v_rows: Vec::new(),
-            v16: Some(v16),
-        };
-    }
-    let vq = quantize(&v, shape_k, scaling, Fp8Format::E4m3);
-    let dequant = (qq.dequantize(), kq.dequantize(), vq.dequantize());
-    Fp8Problem {
-        v_t: (transpose_for_pv(&vq.codes, shape_k, 128), vq.scales),
-        v_rows: vq.codes,
-        v16: None,
-        q: (qq.codes, qq.scales),
-        k: (kq.codes, kq.scales),
-        dequant,
+    let f = flash_dsl::fp8::Fp8Spec {
+        format: Fp8Format::E4m3,
+        qk_format,
+        v_bf16,
+        v_rows: false,
+        scaling,
+    };
+    let x = flash_dsl::fp8::quantize_operands(&f, [&q, &k, &v], shape_q, shape_k);
+    let (dq, dk) = (x.q.dequantize(), x.k.dequantize());
+    let v_t = x.v_codes(false).unwrap_or_default();
+    let (q, k) = ((x.q.codes, x.q.scales), (x.k.codes, x.k.scales));
+    match x.v {
+        // bf16 V: its bits, and the values they hold as the reference's V.
+        None => {
+            let v16: Vec<u16> = v.iter().map(|&x| DType::Bf16.to_bits(x as f64)).collect();
+            let v_deq = v16.iter().map(|&b| DType::Bf16.from_bits(b)).collect();
+            Fp8Problem {
+                dequant: (dq, dk, v_deq),
+                q,
+                k,
+                v_t: (Vec::new(), Vec::new()),
+                v_rows: Vec::new(),
+                v16: Some(v16),
+            }
+        }
+        Some(vq) => Fp8Problem {
+            dequant: (dq, dk, vq.dequantize()),
+            q,
+            k,
+            v_t: (v_t, vq.scales),
+            v_rows: vq.codes,
+            v16: None,
+        },
     }
 }
 
