@@ -63,8 +63,9 @@ fn driver(what: &str, e: result::DriverError) -> FlashError {
     FlashError::Driver(format!("{what}: {e:?}"))
 }
 
-/// The persistent kernels' grid: `sm_count` blocks, or `cap` (`FLASH_PERSISTENT_BLOCKS`) where
-/// that is smaller — a whole number from 1; anything else is an error naming the value.
+/// The SM count the persistent kernels' grid is sized by: `sm_count`, or `cap`
+/// (`FLASH_PERSISTENT_BLOCKS`) where that is smaller — a whole number from 1 (unset or empty:
+/// `sm_count`); anything else is an error naming the value.
 fn persistent_blocks(sm_count: u32, cap: Option<&str>) -> Result<usize, FlashError> {
     let sms = sm_count.max(1) as usize;
     match cap.map(str::trim) {
@@ -131,7 +132,8 @@ pub struct Runtime {
     sched: Mutex<Option<CudaSlice<i32>>>,
     /// The split-KV pass's fp32 partials and arrival counters (see `splitkv`).
     split_ws: Mutex<SplitWorkspace>,
-    /// Blocks of a persistent kernel's grid: one per SM, or fewer with
+    /// The SM count the persistent kernels size their grid by (`GridRule::grid`: one block per
+    /// SM for the forward, the backward's blocks per SM for it): the device's, or fewer with
     /// `FLASH_PERSISTENT_BLOCKS` — a check's small problems then hand each block several work
     /// items, which exercises what happens between a block's items (the stage ring, the
     /// schedule that runs across them).

@@ -99,7 +99,12 @@ impl Fp8Hold {
         let n = |s: [usize; 4]| s.iter().product::<usize>();
         let x = flash_dsl::fp8::quantize_operands(
             &f,
-            [&vals(q, n(sq)), &vals(k, n(sk)), &vals(v, n(sk))],
+            // (bf16 V is not quantised: no f32 copy of it.)
+            [
+                &vals(q, n(sq)),
+                &vals(k, n(sk)),
+                &if f.v_bf16 { Vec::new() } else { vals(v, n(sk)) },
+            ],
             sq,
             sk,
         );
