@@ -392,6 +392,12 @@ impl KernelCache {
             }
         };
         match decode_entry(&bytes, Some(key)) {
+            // (An entry whose log lacks ptxas's resource line was compiled from NVRTC's own
+            // cache, which skips ptxas (see `compile`): rebuilt, so its figures are read.)
+            Ok((_, k)) if !k.log.contains(" registers") => {
+                tracing::debug!(path = %path.display(), "cache entry without ptxas resources; rebuilding");
+                None
+            }
             Ok((_, k))
                 if k.kernel_name == src.kernel_name
                     && k.arch == opts.arch
@@ -658,6 +664,37 @@ mod tests {
             base,
             key_with_version(&s, &CompileOptions::new("sm_90a"), (13, 0))
         );
+    }
+
+    /// An entry whose log has no ptxas resource line (an NVRTC-cache hit skipped ptxas) is not
+    /// loaded: its registers and spills would read 0. With the line it loads.
+    #[test]
+    fn an_entry_without_ptxas_resources_is_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::new(Some(dir.path().to_path_buf()));
+        let opts = CompileOptions::new("sm_90a");
+        let entry = |key: &str, log: &str| {
+            let k = CompiledKernel {
+                kernel_name: "k".into(),
+                cubin: vec![0x7f, b'E', b'L', b'F'],
+                log: log.into(),
+                resources: Resources::parse_log(log, "k"),
+                compile_ms: 1.0,
+                arch: "sm_90a".into(),
+            };
+            KernelCache::store(dir.path(), key, &k).unwrap();
+        };
+        let (bare, full) = ("12".repeat(32), "34".repeat(32));
+        entry(&bare, "");
+        entry(
+            &full,
+            "ptxas info    : Compiling entry function 'k' for 'sm_90a'\nptxas info    : Function properties for k\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\nptxas info    : Used 40 registers, used 1 barriers",
+        );
+        assert!(cache.load(dir.path(), &bare, &src("a"), &opts).is_none());
+        let k = cache
+            .load(dir.path(), &full, &src("a"), &opts)
+            .expect("loads");
+        assert_eq!(k.resources.registers, 40);
     }
 
     #[test]

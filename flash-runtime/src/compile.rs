@@ -308,7 +308,14 @@ pub(crate) fn compile_uncached(
     let mut prog = ffi::NvrtcProgram::create(&source, &prog_name, &headers)
         .map_err(|r| nvrtc_error(r, "nvrtcCreateProgram"))?;
 
-    let args = opts.nvrtc_args();
+    let mut args = opts.nvrtc_args();
+    // NVRTC 12.9+ keeps a cache of its own: a hit there skips ptxas, and with it the `-v` lines
+    // that [`Resources`] are read from — registers and spills then read 0 (seen on an H200: the
+    // tuner's table showed 0 registers for kernels compiled earlier in the same machine
+    // session). flash caches compiled kernels itself, so NVRTC's is turned off.
+    if nvrtc_version()? >= (12, 9) {
+        args.push("--no-cache".into());
+    }
     let cargs: Vec<CString> = args
         .iter()
         .map(|a| cstring(a, "a compile option"))
