@@ -2,7 +2,8 @@
 //!
 //! Options are fixed except the architecture and caller extras: `-std=c++17`,
 //! `-default-device`, and `-Xptxas -v` so that the log carries register, shared-memory, stack
-//! and spill figures, parsed into [`Resources`]. Fast math is deliberately *not* enabled:
+//! and spill figures, parsed into [`Resources`] (and, with NVRTC 12.9+, `--no-cache`: a hit in
+//! NVRTC's own cache skips ptxas and those lines). Fast math is deliberately *not* enabled:
 //! attention numerics are compared against an IEEE reference, and a kernel that wants an
 //! approximate intrinsic (`ex2.approx`, `__expf`) spells it out in its source.
 
