@@ -11,8 +11,8 @@
 //! NaN `0x7F`.
 //!
 //! **Scaling.** A quantised tensor holds fp8 codes and one f32 scale per group of elements
-//! ([`Scaling`]: the whole tensor, one (batch, head), or a block of consecutive rows of one
-//! (batch, head)): `x ≈ decode(code) · scale`, with `scale = amax / max` (1 for an all-zero group)
+//! ([`Scaling`]: the whole tensor, one (batch, head), a block of consecutive rows of one
+//! (batch, head), or — V only — one channel of one (batch, head)): `x ≈ decode(code) · scale`, with `scale = amax / max` (1 for an all-zero group)
 //! and `code = encode(x · (max / amax))` in f32, so each group's largest magnitude lands on the
 //! format's largest finite value (a group so small that `max / amax` overflows keeps scale 1).
 //!
@@ -192,7 +192,8 @@ impl Fp8Format {
 }
 
 /// What an fp8 variant declares: the codes' format (`dtype: e4m3`) and the grouping of Q's, K's
-/// and V's scales (`scales: per_block(128)`, the default, `per_head` or `per_tensor`).
+/// and V's scales (`scales: per_block(128)`, the default, `per_head` or `per_tensor`; V's may be
+/// grouped apart, `v_scales:`, and per channel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Fp8Spec {
     /// The format of V's codes, and of Q's and K's unless `qk_format` says otherwise.
@@ -215,8 +216,15 @@ pub struct Fp8Spec {
     #[serde(default)]
     pub v_rows: bool,
     /// One scale per block of 128 positions of each (batch, head), per (batch, head), or one for
-    /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s.
+    /// the whole tensor; the scale tensors' shapes are [`Scaling::scale_shape`]'s. V's too,
+    /// unless `v_scales` says otherwise.
     pub scaling: Scaling,
+    /// V's grouping where it differs from `scaling` (`v_scales:`): any of Q's and K's, or
+    /// [`Scaling::PerChannel`], which only V can take (Q·Kᵀ sums over the channels, so per-channel
+    /// scales of Q or K cannot leave the product; P·V does not, so V's leave it as one factor
+    /// per output column). `None`: as `scaling` (also for records written before it existed).
+    #[serde(default)]
+    pub v_scales: Option<Scaling>,
 }
 
 fn e4m3() -> Fp8Format {
@@ -238,7 +246,28 @@ impl Fp8Spec {
         if self.v_rows {
             t.push_str("_vrows");
         }
+        if let Some(v) = self.v_scales.filter(|&v| v != self.scaling) {
+            t.push_str(match v {
+                Scaling::PerBlock { .. } => "_vblock",
+                Scaling::PerHead => "_vhead",
+                Scaling::PerTensor => "_vtensor",
+                Scaling::PerChannel => "_vchannel",
+            });
+        }
         t
+    }
+
+    /// How V's scales are grouped: `v_scales`, else `scaling`.
+    pub fn v_scaling(&self) -> Scaling {
+        self.v_scales.unwrap_or(self.scaling)
+    }
+
+    /// Whether a tile's V codes share one scale with every other tile of the (batch, head): V
+    /// scaled per head, per tensor or per channel (bf16 V has none). Then the output accumulates
+    /// P·V in fixed units, the kernel never rescales it for a new V scale, and the scale (or
+    /// each channel's) is applied once, in the epilogue.
+    pub fn v_fixed(&self) -> bool {
+        self.v_bf16 || !matches!(self.v_scaling(), Scaling::PerBlock { .. })
     }
 }
 
@@ -255,6 +284,9 @@ pub enum Scaling {
         /// Positions per block.
         rows: usize,
     },
+    /// One scale per channel (column of the head dim) of each (batch, head), over every
+    /// position: V only (`v_scales: per_channel`; SageAttention's grouping for V).
+    PerChannel,
 }
 
 impl Scaling {
@@ -266,17 +298,19 @@ impl Scaling {
     /// assert_eq!(Scaling::PerTensor.scale_shape([2, 1000, 8, 128]), vec![1]);
     /// assert_eq!(Scaling::PerHead.scale_shape([2, 1000, 8, 128]), vec![2, 8]);
     /// assert_eq!(Scaling::PerBlock { rows: 128 }.scale_shape([2, 1000, 8, 128]), vec![2, 8, 8]);
+    /// assert_eq!(Scaling::PerChannel.scale_shape([2, 1000, 8, 128]), vec![2, 8, 128]);
     /// ```
-    pub fn scale_shape(self, [b, s, h, _]: [usize; 4]) -> Vec<usize> {
+    pub fn scale_shape(self, [b, s, h, d]: [usize; 4]) -> Vec<usize> {
         match self {
             Scaling::PerTensor => vec![1],
             Scaling::PerHead => vec![b, h],
             Scaling::PerBlock { rows } => vec![b, h, s.div_ceil(rows.max(1))],
+            Scaling::PerChannel => vec![b, h, d],
         }
     }
 
-    /// The scale index of element (b, pos, h) (row-major over [`Scaling::scale_shape`]).
-    fn group(self, [_, s, h, _]: [usize; 4], b: usize, pos: usize, head: usize) -> usize {
+    /// The scale index of element (b, pos, h, c) (row-major over [`Scaling::scale_shape`]).
+    fn group(self, [_, s, h, d]: [usize; 4], b: usize, pos: usize, head: usize, c: usize) -> usize {
         match self {
             Scaling::PerTensor => 0,
             Scaling::PerHead => b * h + head,
@@ -284,6 +318,7 @@ impl Scaling {
                 let rows = rows.max(1);
                 (b * h + head) * s.div_ceil(rows) + pos / rows
             }
+            Scaling::PerChannel => (b * h + head) * d + c,
         }
     }
 }
@@ -319,9 +354,11 @@ pub fn quantize(x: &[f32], shape: [usize; 4], scaling: Scaling, format: Fp8Forma
     for bi in 0..b {
         for pos in 0..s {
             for hi in 0..h {
-                let g = scaling.group(shape, bi, pos, hi);
                 let row = &x[index(bi, pos, hi)..][..d];
-                amax[g] = row.iter().fold(amax[g], |m, v| m.max(v.abs()));
+                for (c, v) in row.iter().enumerate() {
+                    let g = scaling.group(shape, bi, pos, hi, c);
+                    amax[g] = amax[g].max(v.abs());
+                }
             }
         }
     }
@@ -339,9 +376,9 @@ pub fn quantize(x: &[f32], shape: [usize; 4], scaling: Scaling, format: Fp8Forma
     for bi in 0..b {
         for pos in 0..s {
             for hi in 0..h {
-                let g = scaling.group(shape, bi, pos, hi);
                 let at = index(bi, pos, hi);
                 for j in 0..d {
+                    let g = scaling.group(shape, bi, pos, hi, j);
                     codes[at + j] = format.encode(x[at + j] * inv[g]);
                 }
             }
@@ -364,9 +401,9 @@ impl Quantized {
         for bi in 0..b {
             for pos in 0..s {
                 for hi in 0..h {
-                    let sc = self.scales[self.scaling.group(self.shape, bi, pos, hi)] as f64;
                     let at = ((bi * s + pos) * h + hi) * d;
                     for j in 0..d {
+                        let sc = self.scales[self.scaling.group(self.shape, bi, pos, hi, j)] as f64;
                         out[at + j] = self.format.decode(self.codes[at + j]) as f64 * sc;
                     }
                 }
@@ -435,7 +472,7 @@ pub fn quantize_operands(
     QuantizedOperands {
         q: quantize(q, shape_q, f.scaling, f.qk_format),
         k: quantize(k, shape_k, f.scaling, f.qk_format),
-        v: (!f.v_bf16).then(|| quantize(v, shape_k, f.scaling, Fp8Format::E4m3)),
+        v: (!f.v_bf16).then(|| quantize(v, shape_k, f.v_scaling(), Fp8Format::E4m3)),
     }
 }
 
@@ -621,6 +658,7 @@ mod tests {
             v_bf16: false,
             v_rows: false,
             scaling: Scaling::PerHead,
+            v_scales: None,
         };
         let x = quantize_operands(&f, [&q, &k, &v], sq, sk);
         assert_eq!(
@@ -637,6 +675,17 @@ mod tests {
         );
         let b16 = quantize_operands(&Fp8Spec { v_bf16: true, ..f }, [&q, &k, &v], sq, sk);
         assert!(b16.v.is_none() && b16.v_codes(false).is_none());
+        // `v_scales: per_channel`: V alone per channel, Q and K as before.
+        let fc = Fp8Spec {
+            v_scales: Some(Scaling::PerChannel),
+            ..f
+        };
+        let xc = quantize_operands(&fc, [&q, &k, &v], sq, sk);
+        assert_eq!(xc.q.codes, x.q.codes);
+        let vc = xc.v.expect("e4m3 V");
+        assert_eq!(vc.scaling, Scaling::PerChannel);
+        assert_eq!(vc, quantize(&v, sk, Scaling::PerChannel, Fp8Format::E4m3));
+        assert_eq!(vc.scales.len(), 8);
     }
 
     #[test]
@@ -752,6 +801,7 @@ mod tests {
             Scaling::PerTensor,
             Scaling::PerHead,
             Scaling::PerBlock { rows: 128 },
+            Scaling::PerChannel,
         ] {
             let q = quantize(&x, shape, scaling, Fp8Format::E4m3);
             assert_eq!(
@@ -763,7 +813,7 @@ mod tests {
             for (i, (&v, &w)) in x.iter().zip(&back).enumerate() {
                 let [_, s, h, d] = shape;
                 let (bi, pos, hi) = (i / (s * h * d), i / (h * d) % s, i / d % h);
-                let sc = q.scales[scaling.group(shape, bi, pos, hi)] as f64;
+                let sc = q.scales[scaling.group(shape, bi, pos, hi, i % d)] as f64;
                 let err = (v as f64 - w).abs();
                 assert!(
                     err <= (v.abs() as f64 / 16.0).max(sc * 2f64.powi(-10)),
@@ -774,7 +824,7 @@ mod tests {
             let mut top = vec![0u8; q.scales.len()];
             for (i, &c) in q.codes.iter().enumerate() {
                 let [_, s, h, d] = shape;
-                let g = scaling.group(shape, i / (s * h * d), i / (h * d) % s, i / d % h);
+                let g = scaling.group(shape, i / (s * h * d), i / (h * d) % s, i / d % h, i % d);
                 top[g] = top[g].max(c & 0x7F);
             }
             assert!(top.iter().all(|&c| c == 0x7E), "{scaling:?}");

@@ -146,7 +146,7 @@ fn parse_entry(input: ParseStream) -> syn::Result<Entry> {
         "head_dim" => Value::HeadDim(parse_head_dim(input)?),
         "dtype" | "qk" | "v" | "v_layout" => Value::DType(input.parse()?),
         "params" => Value::Params(parse_params(input)?),
-        "scale" | "mask" | "score" | "dropout" | "sparsity" | "scales" => {
+        "scale" | "mask" | "score" | "dropout" | "sparsity" | "scales" | "v_scales" => {
             Value::Expr(Box::new(parse_expr_value(input, &key)?))
         }
         _ => Value::Other(tokens_until_comma(input)?),

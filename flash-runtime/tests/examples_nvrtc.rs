@@ -289,8 +289,8 @@ fn varlen_kernels_compile_without_spills() {
 
 /// The FP8 quantisation kernels (e4m3, bf16 and f16 inputs, head dims 64, 128, 256, scales per
 /// block of 64 and 128 rows, and per head and per tensor with their first (amax) passes; plain,
-/// rotated, and transposed for P·V; and int8 codes for Q and K from bf16) compile for sm_90a
-/// without spills.
+/// rotated, and transposed for P·V; per channel with its amax and reduce passes, plain and
+/// transposed; and int8 codes for Q and K from bf16) compile for sm_90a without spills.
 #[test]
 fn quantisation_kernels_compile_without_spills() {
     use flash_dsl::fp8::Fp8Format;
@@ -306,10 +306,18 @@ fn quantisation_kernels_compile_without_spills() {
                 (128, ScaleGroup::Block),
                 (128, ScaleGroup::Head),
                 (128, ScaleGroup::Tensor),
+                (128, ScaleGroup::Channel),
+                (64, ScaleGroup::Channel),
             ] {
                 for (hadamard, transpose) in
                     [(false, false), (true, false), (false, true), (true, true)]
                 {
+                    // Per channel is V's (e4m3, never rotated or smoothed): the codes, the
+                    // column-amax pass and the reduce pass, plain and transposed.
+                    let channels = group == ScaleGroup::Channel;
+                    if channels && hadamard {
+                        continue;
+                    }
                     let q = QuantSpec {
                         input,
                         head_dim,
@@ -322,10 +330,17 @@ fn quantisation_kernels_compile_without_spills() {
                         smooth: false,
                         sum_pass: false,
                         mean_pass: false,
+                        reduce_pass: false,
                     };
                     jobs.push(plan_quantize(&q).unwrap());
                     if let Some(first) = q.amax_pass().filter(|_| !transpose) {
                         jobs.push(plan_quantize(&first).unwrap());
+                    }
+                    if let Some(reduce) = q.reduce_pass().filter(|_| !transpose) {
+                        jobs.push(plan_quantize(&reduce).unwrap());
+                    }
+                    if channels {
+                        continue;
                     }
                     // K smoothed (not V): its column-sum and means passes, and the amax pass of
                     // a per-head or per-tensor one reading the means.

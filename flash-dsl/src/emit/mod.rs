@@ -197,11 +197,15 @@ struct Context {
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
     quant_hadamard: bool,
     quant_transpose: bool,
-    /// The quantiser's scale group (`plan::quantize::ScaleGroup`: 0 block, 1 head, 2 tensor),
-    /// whether this is the first (amax) pass, and whether it reads the first pass's amaxes.
+    /// The quantiser's scale group (`plan::quantize::ScaleGroup`: 0 block, 1 head, 2 tensor, 3
+    /// channel), whether this is the first (amax) pass, whether it is the per-channel reduce
+    /// pass, and whether it reads the amaxes of those.
     quant_group: u32,
     quant_amax_pass: bool,
+    quant_reduce_pass: bool,
     quant_reads_amax: bool,
+    /// ... and whether its scales are per channel (`ScaleGroup::Channel`).
+    quant_channels: bool,
     /// The quantiser subtracts K's mean over positions first (`QuantSpec::smooth`), and whether
     /// this is its column-sum pass.
     quant_smooth: bool,
@@ -224,8 +228,13 @@ struct Context {
     fp8_v_rows: bool,
     fp8_type: String,
     /// How an fp8 variant's scales are grouped (`plan::quantize::ScaleGroup` as a number): 0 per
-    /// block of 128 positions, 1 per (batch, head), 2 per tensor.
+    /// block of 128 positions, 1 per (batch, head), 2 per tensor; and V's (`v_scales:`), which
+    /// may also be 3, per channel.
     fp8_scale_unit: u32,
+    fp8_v_scale_unit: u32,
+    /// V's scales are grouped apart from Q's and K's (`v_scales:`), and whether per channel.
+    fp8_v_own: bool,
+    fp8_v_channels: bool,
     /// The fp8 consumers run their tiles as one stream across work items
     /// (`plan::forward::fp8_item_stream`).
     fp8_stream: bool,
@@ -480,9 +489,13 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         quant_transpose: plan.quant.is_some_and(|q| q.transpose),
         quant_group: plan.quant.map_or(0, |q| q.group as u32),
         quant_amax_pass: plan.quant.is_some_and(|q| q.amax_pass),
+        quant_reduce_pass: plan.quant.is_some_and(|q| q.reduce_pass),
+        quant_channels: plan
+            .quant
+            .is_some_and(|q| q.group == crate::plan::quantize::ScaleGroup::Channel),
         quant_reads_amax: plan
             .quant
-            .is_some_and(|q| !q.amax_pass && q.group != crate::plan::quantize::ScaleGroup::Block),
+            .is_some_and(|q| !q.is_pass() && q.group != crate::plan::quantize::ScaleGroup::Block),
         quant_smooth: plan.quant.is_some_and(|q| q.smooth),
         quant_sum_pass: plan.quant.is_some_and(|q| q.sum_pass),
         quant_mean_pass: plan.quant.is_some_and(|q| q.mean_pass),
@@ -514,6 +527,13 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         fp8_scale_unit: spec.fp8.map_or(0, |f| {
             crate::plan::quantize::ScaleGroup::of(f.scaling) as u32
         }),
+        fp8_v_scale_unit: spec.fp8.map_or(0, |f| {
+            crate::plan::quantize::ScaleGroup::of(f.v_scaling()) as u32
+        }),
+        fp8_v_own: spec.fp8.is_some_and(|f| f.v_scales.is_some()),
+        fp8_v_channels: spec
+            .fp8
+            .is_some_and(|f| f.v_scaling() == crate::fp8::Scaling::PerChannel),
         fp8_stream: plan.kind == KernelKind::Forward
             && crate::plan::forward::fp8_item_stream(spec, &cfg),
         wgmma_defs: wgmma::hopper_wgmmas(plan)

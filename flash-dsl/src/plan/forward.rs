@@ -112,8 +112,9 @@ pub fn forward_operands(spec: &VariantSpec, cfg: &TileConfig) -> Vec<Operand> {
 /// `seq_padded` whole scale blocks — then O (the output dtype) and the LSE as usual, then the
 /// f32 scales of Q, K and V, contiguous, as the variant's `scales:` groups them: `[batch,
 /// heads, blocks]` (one per block of 128 positions of each (batch, head), the default),
-/// `[batch, heads]` (`per_head`) or one value (`per_tensor`); a code times its group's scale is
-/// the value. All three are loaded by TMA: Q and K in 128-byte rows (one or two per position; at
+/// `[batch, heads]` (`per_head`) or one value (`per_tensor`) — V's as `v_scales:` groups them
+/// where it does, `[batch, heads_kv, dv]` for `per_channel` — and a code times its group's scale
+/// is the value. All three are loaded by TMA: Q and K in 128-byte rows (one or two per position; at
 /// d 64 the box's upper half zero-filled), V in boxes of 128 keys × d rows. With `v_layout:
 /// rows` V's codes are `[batch, seq_k, heads_kv, d]` like K's (in key order), loaded as K is
 /// and transposed by the kernel.
@@ -168,11 +169,12 @@ pub fn fp8_operands(
     } else {
         spec.head_dim_v
     });
-    let scales = |name: &str, heads: Extent, blocks: Extent| {
-        let dims: &[Extent] = match fp8.scaling {
+    let scales = |name: &str, scaling: crate::fp8::Scaling, heads: Extent, blocks: Extent| {
+        let dims: &[Extent] = match scaling {
             crate::fp8::Scaling::PerBlock { .. } => &[Batch, heads, blocks],
             crate::fp8::Scaling::PerHead => &[Batch, heads],
             crate::fp8::Scaling::PerTensor => &[],
+            crate::fp8::Scaling::PerChannel => &[Batch, heads, HeadDimV],
         };
         Operand::new(
             name,
@@ -200,11 +202,11 @@ pub fn fp8_operands(
             &[Batch, HeadsQ, SeqQ],
             Layout::Contiguous,
         ),
-        scales("q_scale", HeadsQ, ScaleBlocksQ),
-        scales("k_scale", HeadsKv, ScaleBlocks),
+        scales("q_scale", fp8.scaling, HeadsQ, ScaleBlocksQ),
+        scales("k_scale", fp8.scaling, HeadsKv, ScaleBlocks),
     ];
     if !fp8.v_bf16 {
-        ops.push(scales("v_scale", HeadsKv, ScaleBlocks));
+        ops.push(scales("v_scale", fp8.v_scaling(), HeadsKv, ScaleBlocks));
     }
     ops
 }
@@ -264,14 +266,14 @@ pub const DENSE_O_TMA_MAX_KEYS: u32 = 2048;
 /// at an item's end the next item's first Q·Kᵀ goes with this item's last P·V and its softmax
 /// runs under it, then this item's epilogue (the bf16 kernel's overlapped schedule does the
 /// same). Taken with three stages (the overlapped schedule), head dim ≤ 128 and one V scale an
-/// item — `scales: per_head` / `per_tensor`, or bf16 V. H200, same call, against items one
+/// item — V scaled per head, per tensor or per channel (`scales:` or `v_scales:`), or bf16 V
+/// ([`crate::fp8::Fp8Spec::v_fixed`]); Q's and K's scales may be per block. H200, same call, against items one
 /// after another (`bench/results/ab-fp8-item-stream/`): per head with 192-key tiles +4.6 to
 /// +6.0 % dense (n 4k / 16k), +6.9 to +8.4 % causal; int8 Q·K with bf16 V +1 to +4 %. With V
 /// scales per block (a rescale of O every tile) the stream measured 2-7 % slower, and at head
 /// dim 256 it spilled (136 bytes): those keep items one after another.
 pub fn fp8_item_stream(spec: &VariantSpec, cfg: &TileConfig) -> bool {
-    spec.fp8
-        .is_some_and(|f| f.v_bf16 || !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. }))
+    spec.fp8.is_some_and(|f| f.v_fixed())
         && cfg.family == KernelFamily::Sm90Ws
         && cfg.stages == 3
         && spec.head_dim_v <= 128

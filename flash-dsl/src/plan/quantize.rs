@@ -71,6 +71,11 @@ pub struct QuantSpec {
     /// thread per column of each (batch, head), in place of the first block's column sums.
     #[serde(default)]
     pub mean_pass: bool,
+    /// The second pass of a per-channel quantisation ([`ScaleGroup::Channel`]): each column's
+    /// largest magnitude over the blocks of its (batch, head), one thread per column, in place
+    /// of the first block's column amaxes (no codes, no scales).
+    #[serde(default)]
+    pub reduce_pass: bool,
 }
 
 /// What one scale of a quantised tensor covers (the kernel-side [`crate::fp8::Scaling`]). The
@@ -84,6 +89,12 @@ pub enum ScaleGroup {
     Head = 1,
     /// The whole tensor.
     Tensor = 2,
+    /// One channel (column of the head dim) of one (batch, head), over every position: V's
+    /// `v_scales: per_channel`. Takes three passes: [`QuantSpec::amax_pass`] writes each
+    /// block's column amaxes into the scratch `[batch, heads, blocks, d]` tensor, the reduce
+    /// pass ([`QuantSpec::reduce_pass`]) takes each column's largest over the blocks, in
+    /// place of the first block's, then the encoding pass reads its d scales.
+    Channel = 3,
 }
 
 impl ScaleGroup {
@@ -93,6 +104,7 @@ impl ScaleGroup {
             crate::fp8::Scaling::PerBlock { .. } => ScaleGroup::Block,
             crate::fp8::Scaling::PerHead => ScaleGroup::Head,
             crate::fp8::Scaling::PerTensor => ScaleGroup::Tensor,
+            crate::fp8::Scaling::PerChannel => ScaleGroup::Channel,
         }
     }
 }
@@ -137,7 +149,21 @@ impl QuantSpec {
         }
         if self.amax_pass && self.group == ScaleGroup::Block {
             return Err(
-                "the amax pass belongs to per-head and per-tensor scales; per-block scales take one pass".into(),
+                "the amax pass belongs to per-head, per-tensor and per-channel scales; per-block scales take one pass".into(),
+            );
+        }
+        if self.reduce_pass && (self.group != ScaleGroup::Channel || self.amax_pass) {
+            return Err("the reduce pass belongs to a per-channel quantisation, alone".into());
+        }
+        if self.group == ScaleGroup::Channel && (self.hadamard || self.smooth) {
+            return Err(
+                "per-channel scales are V's, and V is neither rotated nor smoothed (either would change O)".into(),
+            );
+        }
+        if self.group == ScaleGroup::Channel && self.format == Fp8Format::Int8 {
+            return Err(
+                "per-channel scales are V's, whose codes are e4m3; int8 codes are for Q and K"
+                    .into(),
             );
         }
         if self.format == Fp8Format::Int8 && self.transpose {
@@ -169,11 +195,12 @@ impl QuantSpec {
     }
 
     /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had` (`_t` transposed,
-    /// `_head` / `_tensor` for those groups, `_amax` for their first pass, `_smooth` smoothed,
-    /// `_sum` and `_mean` for its first two passes).
+    /// `_head` / `_tensor` / `_channel` for those groups, `_amax` for their first pass and
+    /// `_reduce` for the per-channel second, `_smooth` smoothed, `_sum` and `_mean` for its first
+    /// two passes).
     pub fn kernel_name(&self) -> String {
         format!(
-            "flash_quant_{}_{}_d{}_r{}{}{}{}{}{}{}{}",
+            "flash_quant_{}_{}_d{}_r{}{}{}{}{}{}{}{}{}",
             self.format.name(),
             self.input.name(),
             self.head_dim,
@@ -184,8 +211,10 @@ impl QuantSpec {
                 ScaleGroup::Block => "",
                 ScaleGroup::Head => "_head",
                 ScaleGroup::Tensor => "_tensor",
+                ScaleGroup::Channel => "_channel",
             },
             if self.amax_pass { "_amax" } else { "" },
+            if self.reduce_pass { "_reduce" } else { "" },
             if self.smooth { "_smooth" } else { "" },
             if self.sum_pass { "_sum" } else { "" },
             if self.mean_pass { "_mean" } else { "" },
@@ -217,15 +246,29 @@ impl QuantSpec {
         })
     }
 
-    /// The first pass of this (per-head or per-tensor) quantisation; `None` for per-block
-    /// scales, which take one.
+    /// The first pass of this (per-head, per-tensor or per-channel) quantisation; `None` for
+    /// per-block scales, which take one. It writes no codes: transposing or not, one kernel.
     pub fn amax_pass(&self) -> Option<QuantSpec> {
-        (self.group != ScaleGroup::Block && !self.amax_pass && !self.sum_pass && !self.mean_pass)
-            .then_some(QuantSpec {
-                amax_pass: true,
-                transpose: false,
-                ..*self
-            })
+        (self.group != ScaleGroup::Block && !self.is_pass()).then_some(QuantSpec {
+            amax_pass: true,
+            transpose: false,
+            ..*self
+        })
+    }
+
+    /// The second pass of this per-channel quantisation (after [`QuantSpec::amax_pass`]): the
+    /// columns' largest magnitudes over the blocks; `None` for other groups or for a pass.
+    pub fn reduce_pass(&self) -> Option<QuantSpec> {
+        (self.group == ScaleGroup::Channel && !self.is_pass()).then_some(QuantSpec {
+            reduce_pass: true,
+            transpose: false,
+            ..*self
+        })
+    }
+
+    /// Whether this is a first pass of a multi-pass quantisation (no codes, no scales).
+    pub fn is_pass(&self) -> bool {
+        self.amax_pass || self.sum_pass || self.mean_pass || self.reduce_pass
     }
 
     /// The f32 normalisation of the rotation, `1/√d` rounded to f32 (the host model uses the
@@ -254,6 +297,7 @@ impl QuantSpec {
 ///     smooth: false,
 ///     sum_pass: false,
 ///     mean_pass: false,
+///     reduce_pass: false,
 /// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
@@ -333,12 +377,17 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         &[Batch, SeqQ, HeadsQ, HeadDimQk],
         Layout::Strided,
     );
+    // Per channel: each block's column amaxes.
     let amax = |role| {
         Operand::new(
             AMAX_OPERAND,
             role,
             OperandType::F32,
-            &[Batch, HeadsQ, ScaleBlocks],
+            if q.group == ScaleGroup::Channel {
+                &[Batch, HeadsQ, ScaleBlocks, HeadDimQk]
+            } else {
+                &[Batch, HeadsQ, ScaleBlocks]
+            },
             Layout::Contiguous,
         )
     };
@@ -355,7 +404,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
     if q.sum_pass || q.mean_pass {
         operands.push(colsum(Role::Output));
     }
-    if !q.amax_pass && !q.sum_pass && !q.mean_pass {
+    if !q.is_pass() {
         operands.push(Operand::new(
             CODES_OPERAND,
             Role::Output,
@@ -375,6 +424,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
                 ScaleGroup::Block => &[Batch, HeadsQ, ScaleBlocks],
                 ScaleGroup::Head => &[Batch, HeadsQ],
                 ScaleGroup::Tensor => &[],
+                ScaleGroup::Channel => &[Batch, HeadsQ, HeadDimQk],
             },
             Layout::Contiguous,
         ));
@@ -388,7 +438,7 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
             Layout::Contiguous,
         ));
     }
-    if q.amax_pass {
+    if q.amax_pass || q.reduce_pass {
         operands.push(amax(Role::Output));
     } else if q.group != ScaleGroup::Block && !q.sum_pass && !q.mean_pass {
         operands.push(amax(Role::Input));
@@ -449,6 +499,7 @@ mod tests {
             smooth: true,
             sum_pass: false,
             mean_pass: false,
+            reduce_pass: false,
         }
     }
 

@@ -905,8 +905,40 @@ fn fp8_wide_key_tiles() {
     let e = plan(&block, Some(cfg)).unwrap_err().to_string();
     assert!(
         e.contains("128 queries (one scale block) by 128 keys")
-            && e.contains("got 128x192x12x3 (192 keys need one scale per head or tensor"),
+            && e.contains("got 128x192x12x3 (192 keys need Q's and K's scales per head or tensor"),
         "{e}"
+    );
+    // V's own grouping (`v_scales`): per channel keeps one V scale an item (192 keys with Q and
+    // K per head; the stream with Q and K per block), per block ties the tile to 128 keys.
+    let head_chan = parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, v_scales: per_channel, mask: causal }");
+    assert_eq!(
+        default_config_for(&head_chan, KernelFamily::Sm90Ws).block_n,
+        192
+    );
+    let head_vblock =
+        parse("pub F { head_dim: 128, dtype: e4m3, scales: per_head, v_scales: per_block(128) }");
+    assert_eq!(
+        default_config_for(&head_vblock, KernelFamily::Sm90Ws).block_n,
+        128
+    );
+    assert!(plan(&head_vblock, Some(cfg)).is_err());
+    let block_chan = parse("pub F { head_dim: 128, dtype: e4m3, v_scales: per_channel }");
+    let d = default_config_for(&block_chan, KernelFamily::Sm90Ws);
+    assert_eq!((d.block_n, d.stages), (128, 3));
+    assert!(crate::plan::forward::fp8_item_stream(&block_chan, &d));
+    assert!(!crate::plan::forward::fp8_item_stream(&block, &d));
+    let p = plan(&block_chan, Some(d)).unwrap();
+    let vs = p.operands.iter().find(|o| o.name == "v_scale").unwrap();
+    assert_eq!(vs.dims, [Extent::Batch, Extent::HeadsKv, Extent::HeadDimV]);
+    let qs = p.operands.iter().find(|o| o.name == "q_scale").unwrap();
+    assert_eq!(
+        qs.dims,
+        [Extent::Batch, Extent::HeadsQ, Extent::ScaleBlocksQ]
+    );
+    let src = crate::emit(&p).source;
+    assert!(
+        src.contains("constexpr int V_UNIT = 3;")
+            && src.contains("finish8c(cur, acc_o, row_max, row_sum, sc.vsp)")
     );
     let d256 = parse("pub F { head_dim: 256, dtype: e4m3, scales: per_head }");
     let e = plan(&d256, Some(cfg)).unwrap_err().to_string();

@@ -651,7 +651,7 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
         };
         // Why 192 is out, where it was asked for.
         let why = if cfg.block_n == 192 && !fp8_block_n_ok(spec, 192) {
-            " (192 keys need one scale per head or tensor — `scales: per_head` or `per_tensor`; a per-block scale covers 128 keys — e4m3 V codes and head dim at most 128)"
+            " (192 keys need Q's and K's scales per head or tensor — `scales: per_head` or `per_tensor`; a per-block scale covers 128 keys — V's not per block (`v_scales`), e4m3 V codes and head dim at most 128)"
         } else {
             ""
         };
@@ -676,7 +676,8 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
 }
 
 /// Keys per tile an fp8 forward can take: one scale block (128) with per-block scales, whose
-/// tile's K and V scales are one number each; 128 or 192 with one scale per head or tensor —
+/// tile's K and V scales are one number each; 128 or 192 with one scale per head or tensor
+/// (V's also per channel) —
 /// wider tiles spread a tile's fixed costs (row maxima, the output's rescale, the waits) over
 /// more keys, as FlashAttention-3's fp8 forward does (224 there; 192 keeps Vᵀ's second box
 /// within 232 registers a consumer thread at head dim 128: S 96, O 64, P 24; at 256 O alone
@@ -689,7 +690,8 @@ pub fn fp8_block_n_ok(spec: &VariantSpec, block_n: u32) -> bool {
         || (block_n == 192
             && spec.head_dim_v <= 128
             && !f.v_bf16
-            && !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. }))
+            && !matches!(f.scaling, crate::fp8::Scaling::PerBlock { .. })
+            && !matches!(f.v_scaling(), crate::fp8::Scaling::PerBlock { .. }))
 }
 
 /// An fp8 variant has only the forward kernel; `what` names the kind asked for.

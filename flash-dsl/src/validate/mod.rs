@@ -97,6 +97,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
     let mut dropout_ast = None;
     let mut sparsity_ast = None;
     let mut scales_ast = None;
+    let mut v_scales_ast = None;
     let mut head_dim_ok = true;
     let mut dtype_ok = true;
     let mut fp8 = None;
@@ -140,6 +141,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ("dropout", Value::Expr(e)) => dropout_ast = Some(e),
             ("sparsity", Value::Expr(e)) => sparsity_ast = Some(e),
             ("scales", Value::Expr(e)) => scales_ast = Some(e),
+            ("v_scales", Value::Expr(e)) => v_scales_ast = Some(e),
             ("qk", Value::DType(id)) => qk_ast = Some(id),
             ("v", Value::DType(id)) => v_ast = Some(id),
             ("v_layout", Value::DType(id)) => v_layout_ast = Some(id),
@@ -286,10 +288,24 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             ));
             None
         }
-        Some(sv) => check_scales(sv, &mut errs),
+        Some(sv) => check_scales(sv, false, &mut errs),
         None => Some(crate::fp8::Scaling::PerBlock {
             rows: crate::spec::FP8_SCALE_BLOCK as usize,
         }),
+    };
+    // `v_scales`: V's grouping apart from Q's and K's (per channel too). `Some(None)`: absent.
+    let v_scales = match v_scales_ast {
+        Some(sv) if fp8.is_none() => {
+            if dtype_ok {
+                errs.push(Report::spanned(
+                    &sv.tokens,
+                    "`v_scales` groups the scales of fp8 V; it needs `dtype: e4m3`",
+                ));
+            }
+            None
+        }
+        Some(sv) => check_scales(sv, true, &mut errs).map(Some),
+        None => Some(None),
     };
     // `qk: int8`: Q and K as int8 codes (Q·Kᵀ on the integer tensor cores), V still e4m3.
     use crate::fp8::Fp8Format;
@@ -328,15 +344,29 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
             "`v_layout` lays out V's e4m3 codes; with `v: bf16` V is read in rows as it is",
         ));
     }
-    let fp8 = fp8.zip(scaling).zip(qk_format).zip(v_bf16).zip(v_rows).map(
-        |((((format, scaling), qk_format), v_bf16), v_rows)| crate::fp8::Fp8Spec {
-            format,
-            scaling,
-            qk_format,
-            v_bf16,
-            v_rows: v_rows && !v_bf16,
-        },
-    );
+    if let (Some(true), Some(sv)) = (v_bf16, v_scales_ast) {
+        errs.push(Report::spanned(
+            &sv.tokens,
+            "`v_scales` groups the scales of V's e4m3 codes; with `v: bf16` V has no scales",
+        ));
+    }
+    let fp8 = fp8
+        .zip(scaling)
+        .zip(qk_format)
+        .zip(v_bf16)
+        .zip(v_rows)
+        .zip(v_scales)
+        .map(
+            |(((((format, scaling), qk_format), v_bf16), v_rows), v_scales)| crate::fp8::Fp8Spec {
+                format,
+                scaling,
+                qk_format,
+                v_bf16,
+                v_rows: v_rows && !v_bf16,
+                // The same grouping as Q's and K's is no grouping of its own.
+                v_scales: v_scales.filter(|&v| v != scaling && !v_bf16),
+            },
+        );
 
     if !errs.is_empty() || !head_dim_ok || !dtype_ok {
         return Err(errs);
@@ -403,16 +433,33 @@ fn fp8_choice<T: Copy>(
 }
 
 /// `scales: per_block(128) | per_head | per_tensor`: how an fp8 variant's scales are grouped. A
-/// block is one tile of the kernel (128 queries or keys), so 128 is the only block size.
-fn check_scales(sv: &crate::ast::ExprValue, errs: &mut Vec<Report>) -> Option<crate::fp8::Scaling> {
+/// block is one tile of the kernel (128 queries or keys), so 128 is the only block size. V's
+/// own grouping (`v_scales`, `for_v`) may also be `per_channel`; Q's and K's may not.
+fn check_scales(
+    sv: &crate::ast::ExprValue,
+    for_v: bool,
+    errs: &mut Vec<Report>,
+) -> Option<crate::fp8::Scaling> {
     use crate::fp8::Scaling;
-    let usage = "scales are `per_block(128)` (one per 128 positions of each batch and head, the default), `per_head` or `per_tensor`";
+    let usage = if for_v {
+        "V's scales are `per_block(128)` (one per 128 keys of each batch and head), `per_head`, `per_tensor` or `per_channel` (one per column of the head dim of each batch and head); absent, they follow `scales`"
+    } else {
+        "scales are `per_block(128)` (one per 128 positions of each batch and head, the default), `per_head` or `per_tensor`"
+    };
     let block = crate::spec::FP8_SCALE_BLOCK as usize;
     let scaling = match &sv.expr {
         syn::Expr::Path(p) => match p.path.get_ident().map(|i| i.to_string()).as_deref() {
             Some("per_head") => Some(Scaling::PerHead),
             Some("per_tensor") => Some(Scaling::PerTensor),
             Some("per_block") => Some(Scaling::PerBlock { rows: block }),
+            Some("per_channel") if for_v => Some(Scaling::PerChannel),
+            Some("per_channel") => {
+                errs.push(Report::spanned(
+                    &sv.tokens,
+                    "per-channel scales are V's alone (`v_scales: per_channel`): Q·Kᵀ sums over the channels, so a channel's scale of Q or K cannot be taken out of the product",
+                ));
+                return None;
+            }
             _ => None,
         },
         syn::Expr::Call(c) => {

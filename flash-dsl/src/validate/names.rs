@@ -6,7 +6,7 @@ use crate::spec::{Dim, Ty};
 /// The keys of a declaration body.
 pub const KEYS: &[&str] = &[
     "head_dim", "dtype", "scale", "params", "mask", "score", "dropout", "sparsity", "scales", "qk",
-    "v", "v_layout",
+    "v", "v_layout", "v_scales",
 ];
 /// Built-in variables of expressions.
 pub const VARIABLES: &[&str] = &["b", "h", "q", "k", "s", "seq_q", "seq_k"];

@@ -329,6 +329,7 @@ fn diagnostics() {
             qk_format: Fp8Format::E4m3,
             v_bf16: false,
             v_rows: false,
+            v_scales: None,
         })
     };
     // Scales per block of 128 positions unless `scales:` says otherwise.
@@ -408,6 +409,46 @@ fn diagnostics() {
     assert_eq!(
         errs[0].message,
         "`v_layout` lays out V's e4m3 codes; with `v: bf16` V is read in rows as it is"
+    );
+    // `v_scales`: V's scales grouped apart from Q's and K's, per channel included.
+    let vc = parse_str("V { head_dim: 128, dtype: e4m3, v_scales: per_channel }").unwrap();
+    let f = vc[0].fp8.unwrap();
+    assert_eq!(f.v_scales, Some(crate::fp8::Scaling::PerChannel));
+    assert_eq!(f.v_scaling(), crate::fp8::Scaling::PerChannel);
+    assert_eq!(f.scaling, crate::fp8::Scaling::PerBlock { rows: 128 });
+    assert!(f.v_fixed());
+    assert_eq!(f.tag(), "e4m3_vchannel");
+    let vh = parse_str("V { head_dim: 128, dtype: e4m3, v_scales: per_head }").unwrap();
+    assert_eq!(vh[0].fp8.unwrap().tag(), "e4m3_vhead");
+    // The same grouping as `scales` is none of its own: the variant is the plain one.
+    let same = parse_str("V { head_dim: 128, dtype: e4m3, scales: per_head, v_scales: per_head }")
+        .unwrap();
+    let plain = parse_str("V { head_dim: 128, dtype: e4m3, scales: per_head }").unwrap();
+    assert_eq!(same[0].fp8, plain[0].fp8);
+    let vb =
+        parse_str("V { head_dim: 128, dtype: e4m3, scales: per_head, v_scales: per_block(128) }")
+            .unwrap();
+    let f = vb[0].fp8.unwrap();
+    assert!(!f.v_fixed() && f.tag() == "e4m3_vblock");
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, scales: per_channel }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "per-channel scales are V's alone (`v_scales: per_channel`): Q·Kᵀ sums over the channels, so a channel's scale of Q or K cannot be taken out of the product"
+    );
+    let errs = parse_str("V { head_dim: 128, dtype: e4m3, v_scales: per_row }").unwrap_err();
+    assert!(errs[0]
+        .message
+        .starts_with("V's scales are `per_block(128)`"));
+    let errs = parse_str("V { head_dim: 128, dtype: bf16, v_scales: per_channel }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`v_scales` groups the scales of fp8 V; it needs `dtype: e4m3`"
+    );
+    let errs =
+        parse_str("V { head_dim: 128, dtype: e4m3, v: bf16, v_scales: per_channel }").unwrap_err();
+    assert_eq!(
+        errs[0].message,
+        "`v_scales` groups the scales of V's e4m3 codes; with `v: bf16` V has no scales"
     );
     let errs = parse_str("V { head_dim: 128, dtype: e4m3, qk: int4 }").unwrap_err();
     assert_eq!(

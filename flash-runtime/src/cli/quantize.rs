@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! flash quantize --x X.npy --codes CODES.npy --scales SCALES.npy [--dtype bf16|f16]
-//!                [--block-rows 64|128] [--per block|head|tensor] [--hadamard-seed N]
+//!                [--block-rows 64|128] [--per block|head|tensor|channel] [--hadamard-seed N]
 //!                [--transpose] [--smooth] [--format e4m3|int8] [--gpu N]
 //! ```
 //!
@@ -10,7 +10,9 @@
 //! rounds its inputs). CODES are the e4m3 codes as `uint8` (`[batch, seq, heads, d]`, or with
 //! `--transpose` `[batch, heads, d, seq_padded]` in the key order an fp8 P·V product reads), and
 //! SCALES the f32 scales `[batch, heads, ceil(seq / block_rows)]` (`--per block`, the default),
-//! `[batch, heads]` (`--per head`) or `[1]` (`--per tensor`): `x ≈ e4m3(code) · scale`.
+//! `[batch, heads]` (`--per head`), `[1]` (`--per tensor`) or `[batch, heads, d]` (`--per
+//! channel`: V of a variant declared `v_scales: per_channel`; neither rotated nor smoothed):
+//! `x ≈ e4m3(code) · scale`.
 //! `--hadamard-seed N` rotates every row by the random Hadamard matrix of `flash_dsl::fp8`
 //! (`random_signs(d, N)`) first; rotate Q and K with the same seed. The arguments and the input
 //! are checked before the GPU is touched. `--format int8` writes int8 codes (their two's-complement
@@ -49,8 +51,9 @@ pub struct QuantizeArgs {
     /// Positions per scale block: 64 or 128.
     #[arg(long, default_value_t = 128)]
     pub block_rows: u32,
-    /// What one scale covers: `block` (block-rows positions of one batch and head), `head` or
-    /// `tensor` — as a variant's `scales: per_block(128)`, `per_head`, `per_tensor`.
+    /// What one scale covers: `block` (block-rows positions of one batch and head), `head`,
+    /// `tensor` — as a variant's `scales: per_block(128)`, `per_head`, `per_tensor` — or
+    /// `channel` (one column of one batch and head: V's `v_scales: per_channel`).
     #[arg(long, default_value = "block")]
     pub per: String,
     /// Rotate every row by the random Hadamard matrix with this seed first.
@@ -89,9 +92,10 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         "block" => ScaleGroup::Block,
         "head" => ScaleGroup::Head,
         "tensor" => ScaleGroup::Tensor,
+        "channel" => ScaleGroup::Channel,
         other => {
             return Err(invalid(format!(
-                "--per is block, head or tensor (what one scale covers); got `{other}`"
+                "--per is block, head, tensor or channel (what one scale covers); got `{other}`"
             )))
         }
     };
@@ -123,6 +127,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         smooth: a.smooth,
         sum_pass: false,
         mean_pass: false,
+        reduce_pass: false,
     };
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;
@@ -131,6 +136,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         ScaleGroup::Block => vec![b, h, blocks],
         ScaleGroup::Head => vec![b, h],
         ScaleGroup::Tensor => vec![1],
+        ScaleGroup::Channel => vec![b, h, d],
     };
     let n_scales: usize = scale_shape.iter().product();
     let n_codes = if a.transpose {

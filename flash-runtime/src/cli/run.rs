@@ -631,7 +631,6 @@ fn run_fp8(
     };
     let (q_dev, k_dev, v_dev) = (up(q)?, up(k)?, up(v)?);
     let block = flash_dsl::spec::FP8_SCALE_BLOCK as usize;
-    let group = ScaleGroup::of(fp8.scaling);
     let signs: Vec<f32> = flash_dsl::fp8::random_signs(qs[3], a.hadamard_seed.unwrap_or(0))
         .iter()
         .map(|&s| s as f32)
@@ -639,14 +638,17 @@ fn run_fp8(
     let dsigns = stream
         .clone_htod(&signs)
         .map_err(drv("copying the signs"))?;
-    // One quantisation: codes and scales of `x` (`shape`), rotated and/or transposed.
+    // One quantisation: codes and scales of `x` (`shape`), rotated and/or transposed, its
+    // scales grouped as `scaling` (Q's and K's `scales:`, V's `v_scales:`).
     let quantise = |x: &CudaSlice<u16>,
                     shape: [usize; 4],
                     rotate: bool,
                     transpose: bool,
-                    format: flash_dsl::fp8::Fp8Format|
+                    format: flash_dsl::fp8::Fp8Format,
+                    scaling: flash_dsl::fp8::Scaling|
      -> Result<(CudaSlice<u8>, CudaSlice<f32>), FlashError> {
         let [b, s, h, d] = shape;
+        let group = ScaleGroup::of(scaling);
         let blocks = s.div_ceil(block);
         let n_codes = if transpose {
             b * h * d * blocks * block
@@ -657,6 +659,7 @@ fn run_fp8(
             ScaleGroup::Block => b * h * blocks,
             ScaleGroup::Head => b * h,
             ScaleGroup::Tensor => 1,
+            ScaleGroup::Channel => b * h * d,
         };
         let mut codes = stream
             .alloc_zeros::<u8>(n_codes.max(8))
@@ -676,6 +679,7 @@ fn run_fp8(
             smooth: false,
             sum_pass: false,
             mean_pass: false,
+            reduce_pass: false,
         };
         let qk = rt.load_quantize(&qspec)?;
         rt.quantize(
@@ -690,12 +694,19 @@ fn run_fp8(
     let rotate = a.hadamard_seed.is_some();
     // Q and K in the variant's Q/K codes (int8 with `qk: int8`), V in its fp8 format —
     // transposed, or in rows for `v_layout: rows` — or the bf16 input itself with `v: bf16`.
-    let (cq, sq) = quantise(&q_dev, qs, rotate, false, fp8.qk_format)?;
-    let (ck, sk) = quantise(&k_dev, ks, rotate, false, fp8.qk_format)?;
+    let (cq, sq) = quantise(&q_dev, qs, rotate, false, fp8.qk_format, fp8.scaling)?;
+    let (ck, sk) = quantise(&k_dev, ks, rotate, false, fp8.qk_format, fp8.scaling)?;
     let v_codes = if fp8.v_bf16 {
         None
     } else {
-        Some(quantise(&v_dev, vs, false, !fp8.v_rows, fp8.format)?)
+        Some(quantise(
+            &v_dev,
+            vs,
+            false,
+            !fp8.v_rows,
+            fp8.format,
+            fp8.v_scaling(),
+        )?)
     };
     let (mut o, mut lse, n_o, n_lse) = alloc_outputs(&stream, o_shape)?;
     let params = DeviceParams::upload(spec, given, &stream)?;

@@ -1,5 +1,6 @@
 //! The fp8 forward (`dtype: e4m3` variants, see `flash_dsl::plan::forward::fp8_operands`): Q, K
-//! and V as e4m3 codes with one f32 scale per block of 128 positions of each (batch, head) — what
+//! and V as e4m3 codes with f32 scales (per block of 128 positions of each (batch, head), per
+//! head, per tensor; V's also per channel) — what
 //! [`Runtime::quantize`] writes, or an fp8 KV cache's own codes and scales — O in bf16 and the
 //! LSE as in every forward.
 
@@ -43,7 +44,8 @@ pub enum Fp8V<'a> {
         /// `flash_dsl::fp8::mma_key_order` (a transposing [`Runtime::quantize`] writes exactly
         /// this).
         v_t: &'a CudaSlice<u8>,
-        /// V's scales, grouped as Q's.
+        /// V's scales, grouped as Q's, or as the variant's `v_scales:` declares (`per_channel`:
+        /// `[batch, heads_kv, d]`).
         v_scale: &'a CudaSlice<f32>,
     },
     /// e4m3 codes in rows, `[batch, seq_k, heads_kv, d]` (strided, as K's: a non-transposing
@@ -52,7 +54,7 @@ pub enum Fp8V<'a> {
     Rows {
         /// V's codes.
         v: TensorRef<'a>,
-        /// V's scales, grouped as Q's.
+        /// V's scales, grouped as Q's or as `v_scales:` declares (see [`Fp8V::Codes`]).
         v_scale: &'a CudaSlice<f32>,
     },
     /// bf16 `[batch, seq_k, heads_kv, d]` (strided), as the bf16 forward reads it (`v: bf16`).

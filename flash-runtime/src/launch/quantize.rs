@@ -1,6 +1,6 @@
 //! FP8 quantisation on the GPU (see `flash_dsl::plan::quantize`): a bf16/f16 tensor into fp8
-//! codes and f32 scales — one per block of rows of each (batch, head), per (batch, head), or per
-//! tensor — optionally rotated first.
+//! codes and f32 scales — one per block of rows of each (batch, head), per (batch, head), per
+//! tensor, or per channel of each (batch, head) — optionally rotated first.
 //! Usable alone (to fill an fp8 KV cache, or to check the kernel against `flash_dsl::fp8`).
 
 use std::sync::Arc;
@@ -20,11 +20,13 @@ type Pass = (Arc<LoadedKernel>, CudaSlice<f32>);
 
 /// The passes before the encoding kernel: K's column sums and then their means (smoothing; the
 /// means kernel works in the sums' scratch), then the block amaxes (one scale per head or
-/// tensor).
+/// tensor), or the blocks' column amaxes and then each column's largest (per channel; the
+/// reduce kernel works in the amaxes' scratch).
 #[derive(Default)]
 struct FirstPasses {
     sum: Option<(Pass, Arc<LoadedKernel>)>,
     amax: Option<Pass>,
+    reduce: Option<Arc<LoadedKernel>>,
 }
 
 impl Runtime {
@@ -46,10 +48,11 @@ impl Runtime {
     /// (the same shape, row-major, one byte each; for a transposing kernel `[batch, heads, d,
     /// blocks · block_rows]` in `flash_dsl::fp8::mma_key_order`) and `scales` (f32: `[batch,
     /// heads, blocks]` with `blocks = ceil(seq / block_rows)`, `[batch, heads]` for per-head
-    /// scales, one value for per-tensor ones), through `kernel` from [`Runtime::load_quantize`];
-    /// `signs` (`[d]`, ±1) is the rotation's diagonal when the kernel rotates. Per-head and
-    /// per-tensor scales take two launches (block amaxes into scratch, then the codes), and a
-    /// smoothing kernel (`QuantSpec::smooth`, K only) one more before them (column sums). Checked
+    /// scales, one value for per-tensor ones, `[batch, heads, d]` per channel), through `kernel`
+    /// from [`Runtime::load_quantize`]; `signs` (`[d]`, ±1) is the rotation's diagonal when the
+    /// kernel rotates. Per-head and per-tensor scales take two launches (block amaxes into
+    /// scratch, then the codes), per-channel ones three (the blocks' column amaxes, each
+    /// column's largest, the codes), and a smoothing kernel (`QuantSpec::smooth`, K only) one more before them (column sums). Checked
     /// like every launch (shapes, strides, buffer lengths, devices); asynchronous.
     pub fn quantize(
         &self,
@@ -85,7 +88,8 @@ impl Runtime {
 
     /// The first-pass kernels and their scratch where `kernel` smooths (column sums, `[batch,
     /// heads, blocks, d]`) or scales per head or tensor (block amaxes, `[batch, heads,
-    /// blocks]`); each is written in full by its pass before a later one reads it.
+    /// blocks]`) or per channel (column amaxes, `[batch, heads, blocks, d]`); each is written in
+    /// full by its pass before a later one reads it.
     fn first_passes(
         &self,
         kernel: &LoadedKernel,
@@ -111,10 +115,18 @@ impl Runtime {
             ));
         }
         if let Some(first) = q.amax_pass() {
+            let per_column = q.reduce_pass().is_some();
             passes.amax = Some((
                 self.load_quantize(&first)?,
-                scratch(blocks, "block amaxes")?,
+                if per_column {
+                    scratch(blocks * d, "column amaxes")?
+                } else {
+                    scratch(blocks, "block amaxes")?
+                },
             ));
+        }
+        if let Some(reduce) = q.reduce_pass() {
+            passes.reduce = Some(self.load_quantize(&reduce)?);
         }
         Ok(passes)
     }
@@ -134,9 +146,9 @@ impl Runtime {
                 kernel.plan.kernel_name
             ))
         })?;
-        if q.amax_pass || q.sum_pass || q.mean_pass {
+        if q.is_pass() {
             return Err(super::check::invalid(format!(
-                "kernel `{}` is a first pass (block amaxes, column sums or their means) of a multi-pass quantisation; pass the kernel of the quantisation itself",
+                "kernel `{}` is a first pass (block or column amaxes, their reduction, column sums or their means) of a multi-pass quantisation; pass the kernel of the quantisation itself",
                 kernel.plan.kernel_name
             )));
         }
@@ -181,6 +193,10 @@ impl Runtime {
             ops.push(op.clone());
             ops.extend(sum_op.clone());
             launches.push(self.prepare_with(k1, &ops, &[], &[], &preset)?);
+            if let Some(k2) = first.reduce.as_ref() {
+                let ops = vec![OperandArg::from(&x.desc), op.clone()];
+                launches.push(self.prepare_with(k2, &ops, &[], &[], &preset)?);
+            }
             amax_op = Some(op);
         }
         let (n_codes, n_scales) = (codes.len(), scales.len());

@@ -50,7 +50,8 @@ fn run(
 
 /// bf16 and f16 inputs with outliers (0.1 % ×10) and a tiny batch element, odd shapes, scales
 /// per block of 64 and of 128 rows, per head and per tensor (the two-pass kernels), plain,
-/// rotated, transposed for P·V, and both, and K smoothed (plain and rotated e4m3, rotated int8;
+/// rotated, transposed for P·V, and both, per channel (the three-pass kernels; e4m3, plain and
+/// transposed: V's), and K smoothed (plain and rotated e4m3, rotated int8;
 /// the column-sum pass first): every code (the transposed padding included) and every scale must
 /// equal the host model's. Returns (lines, failures).
 pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
@@ -70,6 +71,8 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                 (128, ScaleGroup::Block),
                 (128, ScaleGroup::Head),
                 (64, ScaleGroup::Tensor),
+                (128, ScaleGroup::Channel),
+                (64, ScaleGroup::Channel),
             ] {
                 // e4m3 plain, rotated, transposed for P·V, both; int8 (Q and K of `qk:
                 // int8`) plain and rotated; K smoothed (plain and rotated e4m3, rotated int8).
@@ -84,6 +87,13 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                     (true, false, Fp8Format::E4m3, true),
                     (true, false, Fp8Format::Int8, true),
                 ] {
+                    // Per channel is V's: e4m3, neither rotated nor smoothed (the plan refuses
+                    // the rest).
+                    if group == ScaleGroup::Channel
+                        && (hadamard || smooth || format == Fp8Format::Int8)
+                    {
+                        continue;
+                    }
                     seed += 1;
                     n += 1;
                     let q = QuantSpec {
@@ -98,6 +108,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         smooth,
                         sum_pass: false,
                         mean_pass: false,
+                        reduce_pass: false,
                     };
                     let len: usize = shape.iter().product();
                     // The last shape's second batch element is tiny (1e-37: `448 / amax`
@@ -129,6 +140,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         ScaleGroup::Block => Scaling::PerBlock { rows },
                         ScaleGroup::Head => Scaling::PerHead,
                         ScaleGroup::Tensor => Scaling::PerTensor,
+                        ScaleGroup::Channel => Scaling::PerChannel,
                     };
                     let want = quantize(&x, shape, scaling, format);
                     let want_codes = if transpose {
@@ -205,6 +217,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                 smooth: false,
                 sum_pass: false,
                 mean_pass: false,
+                reduce_pass: false,
             };
             let bits: Vec<u16> = vals.iter().map(|&v| DType::Bf16.to_bits(v)).collect();
             let x: Vec<f32> = bits
@@ -271,6 +284,7 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 smooth,
                 sum_pass: false,
                 mean_pass: false,
+                reduce_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&x, shape, st);
@@ -315,16 +329,15 @@ struct Fp8Problem {
     dequant: (Vec<f64>, Vec<f64>, Vec<f64>),
 }
 
-/// Quantises normal inputs (with outliers when asked) with the scales grouped by `scaling`, as
-/// the quantisation kernel does (its GPU check shows the two agree bit for bit).
+/// Quantises normal inputs (with outliers when asked) as `f` declares (its scales' grouping,
+/// V's own, Q's and K's code format, bf16 V), as the quantisation kernel does (its GPU check
+/// shows the two agree bit for bit).
 fn fp8_problem(
     [b, sq, sk, hq, hkv]: [usize; 5],
     d: usize,
     outliers: bool,
     seed: u64,
-    scaling: Scaling,
-    qk_format: Fp8Format,
-    v_bf16: bool,
+    f: &flash_dsl::fp8::Fp8Spec,
 ) -> Fp8Problem {
     let (shape_q, shape_k) = ([b, sq, hq, d], [b, sk, hkv, d]);
     let draw = |n: usize, s: u64| -> Vec<f32> {
@@ -338,14 +351,7 @@ fn fp8_problem(
         draw(b * sk * hkv * d, seed + 1),
         draw(b * sk * hkv * d, seed + 2),
     );
-    let f = flash_dsl::fp8::Fp8Spec {
-        format: Fp8Format::E4m3,
-        qk_format,
-        v_bf16,
-        v_rows: false,
-        scaling,
-    };
-    let x = flash_dsl::fp8::quantize_operands(&f, [&q, &k, &v], shape_q, shape_k);
+    let x = flash_dsl::fp8::quantize_operands(f, [&q, &k, &v], shape_q, shape_k);
     let (dq, dk) = (x.q.dequantize(), x.k.dequantize());
     let v_t = x.v_codes(false).unwrap_or_default();
     let (q, k) = ((x.q.codes, x.q.scales), (x.k.codes, x.k.scales));
@@ -605,7 +611,7 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
                 let params = param_args(rt, spec, &values, &dp);
                 let f = spec.fp8.expect("an fp8 variant");
                 let d = spec.head_dim_qk as usize;
-                let x = fp8_problem(shape, d, outliers, seed, f.scaling, f.qk_format, f.v_bf16);
+                let x = fp8_problem(shape, d, outliers, seed, &f);
                 let label = format!(
                     "fp8 {} {} shape (b {b}, sq {sq}, sk {sk}, hq {hq}, hkv {hkv}) {}",
                     spec.name,
@@ -690,11 +696,15 @@ fn timing_attention_at(
     for n in ns {
         let b = 16384 / n;
         let shape = [b, n, n, h, h];
-        let block = Scaling::PerBlock { rows: 128 };
-        let x = fp8_problem(shape, d, false, 7, block, Fp8Format::E4m3, false);
-        let x_head = fp8_problem(shape, d, false, 7, Scaling::PerHead, Fp8Format::E4m3, false);
-        let x_int8 = fp8_problem(shape, d, false, 7, block, Fp8Format::Int8, false);
-        let x_int8_v16 = fp8_problem(shape, d, false, 7, block, Fp8Format::Int8, true);
+        // The inputs as each timed declaration quantises them.
+        let x_of = |name: &str| {
+            let f = specs.iter().find(|s| s.name == name).and_then(|s| s.fp8);
+            fp8_problem(shape, d, false, 7, &f.expect("an fp8 declaration"))
+        };
+        let x = x_of("Fp8Dense");
+        let x_head = x_of("Fp8DenseH");
+        let x_int8 = x_of("Fp8DenseI");
+        let x_int8_v16 = x_of("Fp8DenseIV");
         let bits: Vec<u16> = x
             .dequant
             .0
@@ -724,6 +734,7 @@ fn timing_attention_at(
                 smooth: false,
                 sum_pass: false,
                 mean_pass: false,
+                reduce_pass: false,
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
@@ -869,7 +880,7 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
     use flash_dsl::fp8::{hadamard_rotate, smooth_keys, Fp8Scheme, SCHEMES};
     use flash_dsl::model::reference::{self, Problem};
     let specs = flash_dsl::parse::parse_str(&format!(
-        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8DenseT {{ head_dim: {d}, dtype: e4m3, scales: per_tensor }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}",
+        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8DenseT {{ head_dim: {d}, dtype: e4m3, scales: per_tensor }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}\npub Fp8DenseVC {{ head_dim: {d}, dtype: e4m3, v_scales: per_channel }}",
     ))
     .expect("the table's variants parse");
     let (f8, bf) = (&specs[0], &specs[1]);
@@ -879,6 +890,7 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 Scaling::PerBlock { .. } => f8,
                 Scaling::PerHead => &specs[2],
                 Scaling::PerTensor => &specs[3],
+                Scaling::PerChannel => unreachable!("no scheme groups Q and K per channel"),
             },
             None,
         )
@@ -955,10 +967,22 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
             hadamard,
             smooth: false,
         };
+        // (V per channel, `v_scales: per_channel`, beside the per-block + Hadamard scheme.)
         let rows = SCHEMES
             .iter()
             .map(|s| (format!("fp8 {}", s.name), *s, Fp8Format::E4m3, false))
             .chain([
+                (
+                    "fp8 per-block128+hadamard, V per-channel".to_string(),
+                    Fp8Scheme {
+                        name: "per-block128+hadamard, V per-channel",
+                        scaling: Scaling::PerBlock { rows: 128 },
+                        hadamard: true,
+                        smooth: false,
+                    },
+                    Fp8Format::E4m3,
+                    false,
+                ),
                 (
                     "int8 QK per-block128".to_string(),
                     int8("int8", false),
@@ -991,7 +1015,13 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
             let f32s = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
             let qq = quantize(&f32s(&qr), shape, scheme.scaling, qk_format);
             let kq = quantize(&f32s(&kr), shape, scheme.scaling, qk_format);
-            let vq = quantize(&f32s(&v), shape, scheme.scaling, Fp8Format::E4m3);
+            let v_channels = label.ends_with("V per-channel");
+            let v_scaling = if v_channels {
+                Scaling::PerChannel
+            } else {
+                scheme.scaling
+            };
+            let vq = quantize(&f32s(&v), shape, v_scaling, Fp8Format::E4m3);
             let x = Fp8Problem {
                 q: (qq.codes, qq.scales),
                 k: (kq.codes, kq.scales),
@@ -1004,6 +1034,8 @@ fn accuracy_table_at(rt: &Runtime, d: usize) -> Result<(), FlashError> {
                 rt.load(&specs[5], None)?
             } else if qk_format == Fp8Format::Int8 {
                 rt.load(&specs[4], None)?
+            } else if v_channels {
+                rt.load(&specs[6], None)?
             } else {
                 kernel_of(scheme.scaling)?
             };
