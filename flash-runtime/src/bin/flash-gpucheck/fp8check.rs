@@ -657,7 +657,9 @@ pub fn check_attention(rt: &Runtime) -> (usize, usize) {
 /// and 16384) next to flash's own bf16 forward of the same shapes in the same call, and the fp8
 /// forward with the quantisation of Q, K and V (bf16 → e4m3, V transposed) added — its own row, `+quant`; and the
 /// same kernels with one scale per head (`scales: per_head`, rows `_perhead`), whose constant V
-/// scale lets a warp skip the output's rescale where no row's max moved.
+/// scale lets a warp skip the output's rescale where no row's max moved; and V scaled per
+/// channel (`v_scales: per_channel`) with Q and K per block (`_vchannel`: the streamed schedule)
+/// or per head (`_perhead_vchannel`: 192 keys at d 128).
 pub fn timing_attention(rt: &Runtime, gpu: &str, rows: &mut Vec<Value>) -> Result<(), FlashError> {
     // `FLASH_FP8_TIME_DIMS=128` times that head dim alone (an A/B's alternations in one call).
     let dims: Vec<usize> = match std::env::var("FLASH_FP8_TIME_DIMS") {
@@ -678,7 +680,7 @@ fn timing_attention_at(
     rows: &mut Vec<Value>,
 ) -> Result<(), FlashError> {
     let specs = flash_dsl::parse::parse_str(&format!(
-        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Fp8Causal {{ head_dim: {d}, dtype: e4m3, mask: causal }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Causal {{ head_dim: {d}, dtype: bf16, mask: causal }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8CausalH {{ head_dim: {d}, dtype: e4m3, scales: per_head, mask: causal }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8CausalI {{ head_dim: {d}, dtype: e4m3, qk: int8, mask: causal }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}\npub Fp8CausalIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16, mask: causal }}\npub Fp8DenseR {{ head_dim: {d}, dtype: e4m3, v_layout: rows }}\npub Fp8CausalR {{ head_dim: {d}, dtype: e4m3, v_layout: rows, mask: causal }}",
+        "pub Fp8Dense {{ head_dim: {d}, dtype: e4m3 }}\npub Fp8Causal {{ head_dim: {d}, dtype: e4m3, mask: causal }}\npub Dense {{ head_dim: {d}, dtype: bf16 }}\npub Causal {{ head_dim: {d}, dtype: bf16, mask: causal }}\npub Fp8DenseH {{ head_dim: {d}, dtype: e4m3, scales: per_head }}\npub Fp8CausalH {{ head_dim: {d}, dtype: e4m3, scales: per_head, mask: causal }}\npub Fp8DenseI {{ head_dim: {d}, dtype: e4m3, qk: int8 }}\npub Fp8CausalI {{ head_dim: {d}, dtype: e4m3, qk: int8, mask: causal }}\npub Fp8DenseIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16 }}\npub Fp8CausalIV {{ head_dim: {d}, dtype: e4m3, qk: int8, v: bf16, mask: causal }}\npub Fp8DenseR {{ head_dim: {d}, dtype: e4m3, v_layout: rows }}\npub Fp8CausalR {{ head_dim: {d}, dtype: e4m3, v_layout: rows, mask: causal }}\npub Fp8DenseVC {{ head_dim: {d}, dtype: e4m3, v_scales: per_channel }}\npub Fp8CausalVC {{ head_dim: {d}, dtype: e4m3, v_scales: per_channel, mask: causal }}\npub Fp8DenseHVC {{ head_dim: {d}, dtype: e4m3, scales: per_head, v_scales: per_channel }}\npub Fp8CausalHVC {{ head_dim: {d}, dtype: e4m3, scales: per_head, v_scales: per_channel, mask: causal }}",
     ))
     .expect("the timing variants parse");
     let st = rt.stream();
@@ -705,6 +707,9 @@ fn timing_attention_at(
         let x_head = x_of("Fp8DenseH");
         let x_int8 = x_of("Fp8DenseI");
         let x_int8_v16 = x_of("Fp8DenseIV");
+        // V per channel, Q and K per block (the streamed schedule) or per head (192 keys).
+        let x_vc = x_of("Fp8DenseVC");
+        let x_hvc = x_of("Fp8DenseHVC");
         let bits: Vec<u16> = x
             .dequant
             .0
@@ -820,6 +825,15 @@ fn timing_attention_at(
             let (_, _, ms_int8) = run_fp8(rt, &k_int8, &x_int8, shape, &[], Some((5, 20)))?;
             let k_iv = rt.load(f8iv, None)?;
             let (_, _, ms_iv) = run_fp8(rt, &k_iv, &x_int8_v16, shape, &[], Some((5, 20)))?;
+            let (vc, hvc) = if causal {
+                (pick("Fp8CausalVC"), pick("Fp8CausalHVC"))
+            } else {
+                (pick("Fp8DenseVC"), pick("Fp8DenseHVC"))
+            };
+            let k_vc = rt.load(vc, None)?;
+            let (_, _, ms_vc) = run_fp8(rt, &k_vc, &x_vc, shape, &[], Some((5, 20)))?;
+            let k_hvc = rt.load(hvc, None)?;
+            let (_, _, ms_hvc) = run_fp8(rt, &k_hvc, &x_hvc, shape, &[], Some((5, 20)))?;
             let kb = rt.load(bf, None)?;
             let ms16 = {
                 let t = TensorRef::new(&xb, [b, n, h, d], st);
@@ -835,6 +849,8 @@ fn timing_attention_at(
                 (format!("fp8{tag}_perhead"), "e4m3", ms_head),
                 (format!("fp8{tag}_qkint8"), "e4m3", ms_int8),
                 (format!("fp8{tag}_qkint8_vbf16"), "e4m3", ms_iv),
+                (format!("fp8{tag}_vchannel"), "e4m3", ms_vc),
+                (format!("fp8{tag}_perhead_vchannel"), "e4m3", ms_hvc),
                 (format!("bf16{tag}"), "bf16", ms16),
             ]
             .into_iter()
