@@ -5,7 +5,7 @@
 #     b=bench/patches/3-fp8-stream-all-votes.diff,bench/patches/4-bf16-votes.diff
 # then one device call per step, carrying .carry:
 #   bash bench/next_call.sh check   # v_scales: quantiser (per-channel cases bit for bit against
-#                                   # the host model), the five v_scales declarations of
+#                                   # the host model), the eight v_scales declarations of
 #                                   # examples/fp8/check.flash under the 2x rule with blocks
 #                                   # crossing work items, the accuracy table (~4 min)
 #   bash bench/next_call.sh ab      # the overlap patches against the committed kernels, alternated:
@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 case "${1:-}" in
   check)
     FLASH_PERSISTENT_BLOCKS=3 \
-      FLASH_FP8_VARIANTS=Fp8DenseVChannel,Fp8CausalPerHeadVChannel,Fp8CausalVHead,Fp8Causal256VChannel,Fp8WindowVRowsChannel \
+      FLASH_FP8_VARIANTS=Fp8DenseVChannel,Fp8CausalPerHeadVChannel,Fp8CausalVHead,Fp8Causal256VChannel,Fp8WindowVRowsChannel,Fp8DensePerHeadVBlock,Fp8CausalVTensor,Fp8DenseInt8VChannel \
       timeout "${CHECK_TIMEOUT:-420}" .carry/old/flash-gpucheck --fp8-only --no-time >"$OUT/vscales-check.log" 2>&1
     echo "check exit $?"
     grep -E '^#|^FAIL|^\|' "$OUT/vscales-check.log" | tail -60

@@ -246,7 +246,7 @@ impl Fp8Spec {
         if self.v_rows {
             t.push_str("_vrows");
         }
-        if let Some(v) = self.v_scales.filter(|&v| v != self.scaling) {
+        if let Some(v) = self.v_own() {
             t.push_str(match v {
                 Scaling::PerBlock { .. } => "_vblock",
                 Scaling::PerHead => "_vhead",
@@ -260,6 +260,13 @@ impl Fp8Spec {
     /// How V's scales are grouped: `v_scales`, else `scaling`.
     pub fn v_scaling(&self) -> Scaling {
         self.v_scales.unwrap_or(self.scaling)
+    }
+
+    /// V's grouping where it is one of its own: `v_scales` unless it equals `scaling` (or V is
+    /// bf16, without scales). Kernel names and the generated source follow this, so a spec that
+    /// spells out Q's grouping for V builds the plain kernel.
+    pub fn v_own(&self) -> Option<Scaling> {
+        self.v_scales.filter(|&v| v != self.scaling && !self.v_bf16)
     }
 
     /// Whether a tile's V codes share one scale with every other tile of the (batch, head): V

@@ -530,10 +530,10 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         fp8_v_scale_unit: spec.fp8.map_or(0, |f| {
             crate::plan::quantize::ScaleGroup::of(f.v_scaling()) as u32
         }),
-        fp8_v_own: spec.fp8.is_some_and(|f| f.v_scales.is_some()),
+        fp8_v_own: spec.fp8.is_some_and(|f| f.v_own().is_some()),
         fp8_v_channels: spec
             .fp8
-            .is_some_and(|f| f.v_scaling() == crate::fp8::Scaling::PerChannel),
+            .is_some_and(|f| f.v_own() == Some(crate::fp8::Scaling::PerChannel)),
         fp8_stream: plan.kind == KernelKind::Forward
             && crate::plan::forward::fp8_item_stream(spec, &cfg),
         wgmma_defs: wgmma::hopper_wgmmas(plan)

@@ -935,6 +935,31 @@ fn fp8_wide_key_tiles() {
         qs.dims,
         [Extent::Batch, Extent::HeadsQ, Extent::ScaleBlocksQ]
     );
+    // A spec built in Rust: Q/K per channel, or scales for bf16 V, are refused by the plan (the
+    // language refuses them at their tokens); V's grouping spelled as Q's is the plain kernel.
+    let mut q_chan = block_chan.clone();
+    q_chan.fp8 = q_chan.fp8.map(|f| crate::fp8::Fp8Spec {
+        scaling: crate::fp8::Scaling::PerChannel,
+        ..f
+    });
+    let e = plan(&q_chan, Some(d)).unwrap_err().to_string();
+    assert!(e.contains("cannot be per channel"), "{e}");
+    let mut v16 = parse("pub F { head_dim: 128, dtype: e4m3, v: bf16 }");
+    v16.fp8 = v16.fp8.map(|f| crate::fp8::Fp8Spec {
+        v_scales: Some(crate::fp8::Scaling::PerChannel),
+        ..f
+    });
+    let e = plan(&v16, None).unwrap_err().to_string();
+    assert!(e.contains("bf16 V (`v: bf16`) has no scales"), "{e}");
+    let mut spelled = parse("pub F { head_dim: 128, dtype: e4m3 }");
+    spelled.fp8 = spelled.fp8.map(|f| crate::fp8::Fp8Spec {
+        v_scales: Some(f.scaling),
+        ..f
+    });
+    assert_eq!(
+        crate::emit(&plan(&spelled, Some(d)).unwrap()).source,
+        crate::emit(&plan(&block, Some(d)).unwrap()).source
+    );
     let src = crate::emit(&p).source;
     assert!(
         src.contains("constexpr int V_UNIT = 3;")

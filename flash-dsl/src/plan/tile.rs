@@ -620,6 +620,15 @@ pub fn fp8_config_valid(spec: &VariantSpec, cfg: &TileConfig) -> Result<(), Plan
             f.qk_format.name()
         ));
     }
+    // (The language refuses both at their tokens.)
+    if f.scaling == crate::fp8::Scaling::PerChannel {
+        return fail(
+            "Q's and K's scales cannot be per channel (Q·Kᵀ sums over the channels); per channel is V's alone (`v_scales`)".into(),
+        );
+    }
+    if f.v_bf16 && f.v_scales.is_some() {
+        return fail("bf16 V (`v: bf16`) has no scales; `v_scales` groups e4m3 V's".into());
+    }
     if cfg.family != KernelFamily::Sm90Ws {
         return fail(format!(
             "fp8 kernels exist for the warp-specialised Hopper family (sm90ws, sm_90a) only; got {}",

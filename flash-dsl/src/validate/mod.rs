@@ -363,7 +363,7 @@ pub fn validate_reports(decl: &Decl) -> Result<VariantSpec, Vec<Report>> {
                 qk_format,
                 v_bf16,
                 v_rows: v_rows && !v_bf16,
-                // The same grouping as Q's and K's is no grouping of its own.
+                // The same grouping as Q's and K's is no grouping of its own (`v_own`).
                 v_scales: v_scales.filter(|&v| v != scaling && !v_bf16),
             },
         );
