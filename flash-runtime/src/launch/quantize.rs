@@ -52,8 +52,9 @@ impl Runtime {
     /// from [`Runtime::load_quantize`]; `signs` (`[d]`, ±1) is the rotation's diagonal when the
     /// kernel rotates. Per-head and per-tensor scales take two launches (block amaxes into
     /// scratch, then the codes), per-channel ones three (the blocks' column amaxes, each
-    /// column's largest, the codes), and a smoothing kernel (`QuantSpec::smooth`, K only) one more before them (column sums). Checked
-    /// like every launch (shapes, strides, buffer lengths, devices); asynchronous.
+    /// column's largest, the codes), and a smoothing kernel (`QuantSpec::smooth`, K only) one
+    /// more before them (column sums). Checked like every launch (shapes, strides, buffer
+    /// lengths, devices); asynchronous.
     pub fn quantize(
         &self,
         kernel: &LoadedKernel,
