@@ -107,6 +107,17 @@ impl ScaleGroup {
             crate::fp8::Scaling::PerChannel => ScaleGroup::Channel,
         }
     }
+
+    /// The host-side scaling of this group with blocks of `block_rows` positions (the inverse of
+    /// [`ScaleGroup::of`]); its [`crate::fp8::Scaling::scale_shape`] is the scales' shape.
+    pub fn scaling(self, block_rows: usize) -> crate::fp8::Scaling {
+        match self {
+            ScaleGroup::Block => crate::fp8::Scaling::PerBlock { rows: block_rows },
+            ScaleGroup::Head => crate::fp8::Scaling::PerHead,
+            ScaleGroup::Tensor => crate::fp8::Scaling::PerTensor,
+            ScaleGroup::Channel => crate::fp8::Scaling::PerChannel,
+        }
+    }
 }
 
 /// The input tensor.

@@ -132,12 +132,7 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;
     let blocks = s.div_ceil(a.block_rows as usize);
-    let scale_shape = match group {
-        ScaleGroup::Block => vec![b, h, blocks],
-        ScaleGroup::Head => vec![b, h],
-        ScaleGroup::Tensor => vec![1],
-        ScaleGroup::Channel => vec![b, h, d],
-    };
+    let scale_shape = group.scaling(a.block_rows as usize).scale_shape(shape);
     let n_scales: usize = scale_shape.iter().product();
     let n_codes = if a.transpose {
         b * h * d * blocks * a.block_rows as usize

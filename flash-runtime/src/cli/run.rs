@@ -655,12 +655,7 @@ fn run_fp8(
         } else {
             b * s * h * d
         };
-        let n_scales = match group {
-            ScaleGroup::Block => b * h * blocks,
-            ScaleGroup::Head => b * h,
-            ScaleGroup::Tensor => 1,
-            ScaleGroup::Channel => b * h * d,
-        };
+        let n_scales: usize = scaling.scale_shape(shape).iter().product();
         let mut codes = stream
             .alloc_zeros::<u8>(n_codes.max(8))
             .map_err(drv("allocating fp8 codes"))?;

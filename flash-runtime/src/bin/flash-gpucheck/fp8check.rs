@@ -136,12 +136,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         hadamard_rotate_f32(&mut x, &signs, q.hadamard_norm());
                     }
                     let rows = block_rows as usize;
-                    let scaling = match group {
-                        ScaleGroup::Block => Scaling::PerBlock { rows },
-                        ScaleGroup::Head => Scaling::PerHead,
-                        ScaleGroup::Tensor => Scaling::PerTensor,
-                        ScaleGroup::Channel => Scaling::PerChannel,
-                    };
+                    let scaling = group.scaling(rows);
                     let want = quantize(&x, shape, scaling, format);
                     let want_codes = if transpose {
                         transpose_for_pv(&want.codes, shape, rows)
