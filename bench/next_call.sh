@@ -4,11 +4,10 @@
 #   bench/build_patched.sh old= a=bench/patches/2-bf16-step-late.diff b=bench/patches/4-bf16-votes.diff
 # then, carrying .carry:
 #   bash bench/next_call.sh ab      # bf16 variants, one round of each build
-# And the fp8 consumer warpgroups in turns (bench/patches/5-fp8-exp-turns.diff: their
-# exponentials; 6-fp8-issue-turns.diff: their products' issue, FlashAttention-3's schedule):
-#   bench/build_patched.sh old= turns=bench/patches/5-fp8-exp-turns.diff issue=bench/patches/6-fp8-issue-turns.diff
-#   bash bench/next_call.sh fp8ab          # fp8 d 128 timing of BINS (default "old turns issue"),
-#                                          # NS=4096 by default (NS=4096,16384: both lengths); ~2 min a build
+# And an fp8 candidate (bench/results/history/2026-11-28-fp8-turns-attempt/ timed the last two):
+#   bench/build_patched.sh old= new=PATCH.diff
+#   bash bench/next_call.sh fp8ab          # fp8 d 128 timing of BINS (default "old new"),
+#                                          # NS=4096 by default (NS=4096,16384: both lengths); ~90 s a build
 #   bash bench/next_call.sh fp8check NAME  # NAME's check on the streamed declarations with blocks
 #                                          # crossing items (a hang would be a barrier mismatch: the
 #                                          # check runs under `timeout`)
@@ -24,7 +23,7 @@ case "${1:-}" in
     ;;
   fp8ab)
     # An fp8 timing run takes ~110 s on a fresh machine (kernel compiles, host inputs).
-    FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=${NS:-4096} BINS=${BINS:-old turns issue} ROUNDS=1 \
+    FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=${NS:-4096} BINS=${BINS:-old new} ROUNDS=1 \
       NAME=fp8 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
     ;;
   fp8check)
