@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here-side (no GPU): builds release flash-gpucheck binaries of the committed tree with candidate
 # patches applied, for bench/ab_multi.sh to alternate on the GPU in one call.
-#   bench/build_patched.sh old= a=bench/patches/2-bf16-step-late.diff b=bench/patches/4-bf16-votes.diff
+#   bench/build_patched.sh old= a=bench/patches/A.diff b=bench/patches/B.diff
 # builds .carry/old/ (no patch) and .carry/a/ (both patches), each in a scratch worktree of HEAD
 # (the checkout is left alone; uncommitted changes are not included). Copies bench/peers.py's
 # source beside them as .carry/peers.py when ../shared/bench/peers.py exists.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs ON the GPU machine: the bf16 overlap patches of bench/patches/ against the committed
-# kernels, alternated in one call. Here first:
-#   bench/build_patched.sh old= a=bench/patches/2-bf16-step-late.diff b=bench/patches/4-bf16-votes.diff
+# Runs ON the GPU machine: candidate builds against the committed kernels, alternated in one
+# call. Here first, for a bf16 candidate (bench/results/history/2026-11-28-bf16-overlap-patches/
+# timed the last two):
+#   bench/build_patched.sh old= a=PATCH_A.diff b=PATCH_B.diff
 # then, carrying .carry:
-#   bash bench/next_call.sh ab      # bf16 variants, one round of each build
+#   bash bench/next_call.sh ab      # bf16 d64 and variants, one round of each build (~15 s a build)
 # And an fp8 candidate (bench/results/history/2026-11-28-fp8-turns-attempt/ timed the last two):
 #   bench/build_patched.sh old= new=PATCH.diff
 #   bash bench/next_call.sh fp8ab          # fp8 d 128 timing of BINS (default "old new"),
