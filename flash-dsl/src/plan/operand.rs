@@ -393,6 +393,9 @@ pub enum GridRule {
         /// Packed rows per tile (`block_m`).
         rows: u32,
     },
+    /// `(1, heads_q, batch)`: one block per (batch, head) — a quantisation's reduce and mean
+    /// passes, whose work is one thread per column of each (batch, head) over its blocks.
+    Heads,
     /// `(row tiles, heads_q or 1, batch or 1)`: one block per row of a block map (row tiles of
     /// `tile` query positions, or key positions when `along_keys`).
     MapRows {
@@ -429,6 +432,7 @@ impl GridRule {
                 get(Extent::HeadsQ),
                 get(Extent::Batch),
             ],
+            GridRule::Heads => [1, get(Extent::HeadsQ), get(Extent::Batch)],
             GridRule::SplitKv { rows } => {
                 let hkv = get(Extent::HeadsKv).max(1);
                 let group = get(Extent::HeadsQ) / hkv;

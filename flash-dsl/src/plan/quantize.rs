@@ -481,7 +481,13 @@ pub fn plan_quantize(q: &QuantSpec) -> Result<KernelPlan, PlanError> {
         args,
         operands,
         launch: LaunchShape {
-            grid: GridRule::QueryTiles { rows: q.block_rows },
+            // The reduce and mean passes read a (batch, head)'s blocks in one thread per column:
+            // a block per query tile would launch blocks with nothing to do.
+            grid: if q.reduce_pass || q.mean_pass {
+                GridRule::Heads
+            } else {
+                GridRule::QueryTiles { rows: q.block_rows }
+            },
             threads: THREADS,
             smem_bytes: bytes,
         },
@@ -557,6 +563,28 @@ mod tests {
         };
         assert_eq!(names(&sum), ["x", "colsum"]);
         assert_eq!(names(&mean), ["x", "colsum"]);
+        // The sum pass has a block per tile of rows; the means pass one per (batch, head).
+        let grid = |s: &QuantSpec| {
+            let extent = |e| match e {
+                Extent::SeqQ => 1000,
+                Extent::HeadsQ => 3,
+                Extent::Batch => 2,
+                _ => 0,
+            };
+            plan_quantize(s).unwrap().launch.grid.grid(extent, 132)
+        };
+        assert_eq!(grid(&sum), [8, 3, 2]);
+        assert_eq!(grid(&mean), [1, 3, 2]);
+        let channel = QuantSpec {
+            group: ScaleGroup::Channel,
+            smooth: false,
+            hadamard: false,
+            ..q
+        };
+        let reduce = channel
+            .reduce_pass()
+            .expect("per-channel scales take a reduce pass");
+        assert_eq!(grid(&reduce), [1, 3, 2]);
         assert_eq!(names(&amax), ["x", "signs", "amax", "colsum"]);
         assert_eq!(
             names(&q),

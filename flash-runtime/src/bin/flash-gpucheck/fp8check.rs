@@ -261,20 +261,32 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             .collect();
         let x = st.clone_htod(&bits).map_err(drv)?;
         let mut codes = st.alloc_zeros::<u8>(len).map_err(drv)?;
-        let mut scales = st.alloc_zeros::<f32>(shape[2] * 128).map_err(drv)?;
+        // Per block of 128 rows (128 blocks a head) or per channel (d a head).
+        let mut scales = st.alloc_zeros::<f32>(shape[2] * d.max(128)).map_err(drv)?;
         let signs: Vec<f32> = random_signs(d, 3).iter().map(|&s| s as f32).collect();
         let dsigns = st.clone_htod(&signs).map_err(drv)?;
-        // Plain, rotated, and rotated with K smoothed (three launches: the column sums, then
-        // the codes reading them; the bytes counted are the codes kernel's alone).
-        for (hadamard, smooth) in [(false, false), (true, false), (true, true)] {
+        // Plain, rotated, rotated with K smoothed (three launches: the column sums, their
+        // means, then the codes reading them), and V transposed with per-channel scales (three:
+        // the blocks' column amaxes, their reduction, the codes); the bytes counted are the
+        // codes kernel's alone.
+        for (hadamard, smooth, channel) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (false, false, true),
+        ] {
             let q = QuantSpec {
                 input: DType::Bf16,
                 head_dim: d as u32,
                 format: Fp8Format::E4m3,
                 block_rows: 128,
                 hadamard,
-                transpose: false,
-                group: Default::default(),
+                transpose: channel,
+                group: if channel {
+                    ScaleGroup::Channel
+                } else {
+                    Default::default()
+                },
                 amax_pass: false,
                 smooth,
                 sum_pass: false,
@@ -293,12 +305,14 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             )?;
             let gbps = (len * 3) as f64 / ms as f64 / 1e6;
             println!(
-                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}: {ms:.4} ms {gbps:.0} GB/s"
+                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}{}: {ms:.4} ms {gbps:.0} GB/s",
+                if channel { " V transposed, per channel" } else { "" }
             );
-            let variant = match (hadamard, smooth) {
-                (false, _) => "quant_e4m3",
-                (true, false) => "quant_e4m3_hadamard",
-                (true, true) => "quant_e4m3_hadamard_smooth",
+            let variant = match (hadamard, smooth, channel) {
+                (_, _, true) => "quant_e4m3_v_channel",
+                (false, _, _) => "quant_e4m3",
+                (true, false, _) => "quant_e4m3_hadamard",
+                (true, true, _) => "quant_e4m3_hadamard_smooth",
             };
             rows.push(json!({"backend": "flash", "variant": variant, "dtype": "bf16",
                 "d": d, "n": 16384, "b": 1, "h": shape[2], "mode": "quantize", "ms": ms, "gbps": gbps}));
