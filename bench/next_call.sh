@@ -34,8 +34,24 @@ case "${1:-}" in
     echo "check exit $?"
     grep -E '^#|^FAIL' "$OUT/$2-check.log" | tail -20
     ;;
+  quantab)
+    # A quantiser candidate (bench/patches/7-quant-hadamard-registers.diff):
+    #   bench/build_patched.sh old= new=bench/patches/7-quant-hadamard-registers.diff
+    # new's check (bit for bit against the host model), then old / new timings alternating.
+    export FLASH_FP8_QUANT_ONLY=1
+    timeout 300 .carry/new/flash-gpucheck --fp8-only --no-time >"$OUT/quant-check.log" 2>&1
+    echo "check exit $?"
+    grep -E '^#|FAIL' "$OUT/quant-check.log" | head
+    for r in 1 2; do
+      for b in old new; do
+        timeout 120 ".carry/$b/flash-gpucheck" --fp8-only --no-check >"$OUT/quant-time-$b-$r.log" 2>&1
+        echo "$b round $r:"
+        grep '^quant' "$OUT/quant-time-$b-$r.log" | sed 's/^quant bf16->e4m3 //'
+      done
+    done
+    ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab" >&2
     exit 2
     ;;
 esac
