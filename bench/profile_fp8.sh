@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${OUT:-bench/results/out}
 mkdir -p "$OUT"
 re=${1:-fwd_fp8denseh_e4m3_d128x128_m128n192}
-bin=$bin
+bin=${BIN:-old}
 for n in ${NS:-16384 4096}; do
   FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=$n timeout 280 ncu --kernel-name "regex:$re" \
     --launch-skip 3 --launch-count 1 --set full --import-source no -o "$OUT/fp8-$bin-$n" -f \
