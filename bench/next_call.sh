@@ -34,6 +34,18 @@ case "${1:-}" in
     echo "check exit $?"
     grep -E '^#|^FAIL' "$OUT/$2-check.log" | tail -20
     ;;
+  deep)
+    # The deeper fp8 schedule (bench/patches/9-fp8-deep-scores.diff, d <= 64 per-block kernels):
+    #   bench/build_patched.sh old= new=bench/patches/9-fp8-deep-scores.diff
+    # its check with blocks crossing items (a hang: a barrier or wgmma-group mismatch), then
+    # d 64 timings of old and new.
+    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 FLASH_FP8_VARIANTS=Fp8Dense64,Fp8Window64 \
+      timeout "${CHECK_TIMEOUT:-300}" .carry/new/flash-gpucheck --fp8-only --no-time >"$OUT/deep-check.log" 2>&1
+    echo "check exit $?"
+    grep -E '^#|^FAIL' "$OUT/deep-check.log" | tail -20
+    FLASH_FP8_TIME_DIMS=64 FLASH_FP8_TIME_NS=${NS:-4096} BINS="old new" ROUNDS=1 \
+      NAME=fp8d64 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
+    ;;
   quantab)
     # A quantiser candidate (bench/patches/7-quant-hadamard-registers.diff):
     #   bench/build_patched.sh old= new=bench/patches/7-quant-hadamard-registers.diff
@@ -51,7 +63,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab | deep" >&2
     exit 2
     ;;
 esac
