@@ -2,16 +2,16 @@
 """Table of several builds' timings from alternated runs (bench/ab_multi.sh).
 
 `ab_multi_table.py OUT NAME ROUNDS BIN...` reads OUT/NAME-BIN-{1..ROUNDS}.log, takes every line
-ending in `<ms> ms <tf> TFLOP/s` (the text before it keys the row) and prints one markdown row
-per workload: each build's best TFLOP/s over the rounds, its spread, and its ratio to the
-first build's best.
+ending in `<ms> ms <rate> TFLOP/s` or `<ms> ms <rate> GB/s` (the forward's and the quantiser's
+timings; the text before it keys the row) and prints one markdown row per workload: each
+build's best rate over the rounds, its spread, and its ratio to the first build's best.
 """
 import collections
 import re
 import sys
 
 out, name, rounds, bins = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-line = re.compile(r"^(.*?)\s+([0-9.]+) ms\s+([0-9.]+) TFLOP/s")
+line = re.compile(r"^(.*?)\s+([0-9.]+) ms\s+([0-9.]+) (TFLOP/s|GB/s)")
 rows = collections.OrderedDict()
 for b in bins:
     for r in range(1, rounds + 1):
@@ -24,7 +24,7 @@ for b in bins:
             if m:
                 key = re.sub(r"\s+flash$", "", m.group(1).strip())
                 rows.setdefault(key, collections.defaultdict(list))[b].append(float(m.group(3)))
-head = " | ".join(f"{b} TFLOP/s (best; runs)" for b in bins)
+head = " | ".join(f"{b} rate (best; runs)" for b in bins)
 ratios = " | ".join(f"{b} / {bins[0]}" for b in bins[1:])
 print(f"| row | {head} | {ratios} |")
 print("|---|" + "---|" * (2 * len(bins) - 1))

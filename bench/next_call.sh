@@ -54,13 +54,7 @@ case "${1:-}" in
     timeout 300 .carry/new/flash-gpucheck --fp8-only --no-time >"$OUT/quant-check.log" 2>&1
     echo "check exit $?"
     grep -E '^#|FAIL' "$OUT/quant-check.log" | head
-    for r in 1 2; do
-      for b in old new; do
-        timeout 120 ".carry/$b/flash-gpucheck" --fp8-only --no-check >"$OUT/quant-time-$b-$r.log" 2>&1
-        echo "$b round $r:"
-        grep '^quant' "$OUT/quant-time-$b-$r.log" | sed 's/^quant bf16->e4m3 //'
-      done
-    done
+    BINS="old new" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
     ;;
   *)
     echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab | deep" >&2
