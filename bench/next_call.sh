@@ -40,24 +40,29 @@ case "${1:-}" in
     # its check with blocks crossing items (a hang: a barrier or wgmma-group mismatch), then
     # d 64 timings of old and new.
     FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 FLASH_FP8_VARIANTS=Fp8Dense64,Fp8Window64 \
-      timeout "${CHECK_TIMEOUT:-300}" .carry/new/flash-gpucheck --fp8-only --no-time >"$OUT/deep-check.log" 2>&1
+      timeout "${CHECK_TIMEOUT:-300}" ".carry/${2:-new}/flash-gpucheck" --fp8-only --no-time >"$OUT/deep-check.log" 2>&1
     echo "check exit $?"
     grep -E '^#|^FAIL' "$OUT/deep-check.log" | tail -20
-    FLASH_FP8_TIME_DIMS=64 FLASH_FP8_TIME_NS=${NS:-4096} BINS="old new" ROUNDS=1 \
+    FLASH_FP8_TIME_DIMS=64 FLASH_FP8_TIME_NS=${NS:-4096} BINS="old ${2:-new}" ROUNDS=1 \
       NAME=fp8d64 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
+    ;;
+  probe)
+    # Does the SM overlap e4m3 wgmma with MUFU.EX2 from another warpgroup (bench/overlap_probe.cu)?
+    nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/overlap_probe" bench/overlap_probe.cu && "$OUT/overlap_probe" | tee "$OUT/overlap-probe.log"
+    rm -f "$OUT/overlap_probe"
     ;;
   quantab)
     # A quantiser candidate (bench/patches/7-quant-hadamard-registers.diff):
     #   bench/build_patched.sh old= new=bench/patches/7-quant-hadamard-registers.diff
     # new's check (bit for bit against the host model), then old / new timings alternating.
     export FLASH_FP8_QUANT_ONLY=1
-    timeout 300 .carry/new/flash-gpucheck --fp8-only --no-time >"$OUT/quant-check.log" 2>&1
+    timeout 300 ".carry/${2:-new}/flash-gpucheck" --fp8-only --no-time >"$OUT/quant-check.log" 2>&1
     echo "check exit $?"
     grep -E '^#|FAIL' "$OUT/quant-check.log" | head
-    BINS="old new" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
+    BINS="old ${2:-new}" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
     ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab | deep" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab [NAME] | deep [NAME] | probe" >&2
     exit 2
     ;;
 esac
