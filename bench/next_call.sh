@@ -46,6 +46,19 @@ case "${1:-}" in
     FLASH_FP8_TIME_DIMS=64 FLASH_FP8_TIME_NS=${NS:-4096} BINS="old ${2:-new}" ROUNDS=1 \
       NAME=fp8d64 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
     ;;
+  trace)
+    # Trace builds (bench/patches/trace-fp8-stream.diff, alone or on top of a candidate):
+    #   bench/build_patched.sh trace=bench/patches/trace-fp8-stream.diff
+    # d 128 fp8 timings at n 16384 (b 1, h 16), then each build's trace table: the phases of
+    # the fp8 stream's steady loop per consumer warpgroup (bench/trace_table.py).
+    for b in ${2:-trace}; do
+      FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=${NS:-16384} timeout 250 ".carry/$b/flash-gpucheck" \
+        --fp8-only --no-check >"$OUT/trace-$b.log" 2>&1
+      echo "$b: exit $?"
+      grep -E "^fwd .*(n192|bf16)" "$OUT/trace-$b.log"
+      python3 bench/trace_table.py "$OUT/trace-$b.log" | tee "$OUT/trace-$b.md"
+    done
+    ;;
   probe)
     # Does the SM overlap e4m3 wgmma with MUFU.EX2 from another warpgroup (bench/overlap_probe.cu)?
     nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/overlap_probe" bench/overlap_probe.cu && "$OUT/overlap_probe" | tee "$OUT/overlap-probe.log"
@@ -62,7 +75,7 @@ case "${1:-}" in
     BINS="old ${2:-new}" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
     ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab [NAME] | deep [NAME] | probe" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab [NAME] | deep [NAME] | probe | trace [\"NAMES\"]" >&2
     exit 2
     ;;
 esac
