@@ -34,9 +34,17 @@ case "${1:-}" in
     echo "check exit $?"
     grep -E '^#|^FAIL' "$OUT/$2-check.log" | tail -20
     ;;
+  fp8check_items)
+    # NAME's check on the declarations that run the per-item loop (bench/patches/12-…diff).
+    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 \
+      FLASH_FP8_VARIANTS=Fp8Dense,Fp8Causal,Fp8Softcap,Fp8Window,Fp8Alibi,Fp8Document,Fp8Dense64,Fp8Window64,Fp8DenseInt8,Fp8CausalInt8,Fp8Causal64Int8,Fp8SoftcapInt8,Fp8CausalVRows,Fp8DensePerHeadVBlock \
+      timeout "${CHECK_TIMEOUT:-300}" ".carry/${2:?build name}/flash-gpucheck" --fp8-only --no-time >"$OUT/$2-check-items.log" 2>&1
+    echo "check exit $?"
+    grep -E '^#|^FAIL' "$OUT/$2-check-items.log" | tail -20
+    ;;
   deep)
-    # The deeper fp8 schedule (bench/patches/9-fp8-deep-scores.diff, d <= 64 per-block kernels):
-    #   bench/build_patched.sh old= new=bench/patches/9-fp8-deep-scores.diff
+    # The deeper fp8 schedule (timed 2026-11-28, dropped: bench/results/history/2026-11-28-fp8-deep-scores-timed/):
+    #   bench/build_patched.sh old= new=bench/results/history/2026-11-28-fp8-deep-scores-timed/9-fp8-deep-scores.diff
     # its check with blocks crossing items (a hang: a barrier or wgmma-group mismatch), then
     # d 64 timings of old and new.
     FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 FLASH_FP8_VARIANTS=Fp8Dense64,Fp8Window64 \
@@ -75,7 +83,7 @@ case "${1:-}" in
     BINS="old ${2:-new}" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
     ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | quantab [NAME] | deep [NAME] | probe | trace [\"NAMES\"]" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | fp8check_items NAME | quantab [NAME] | deep [NAME] | probe | trace [\"NAMES\"]" >&2
     exit 2
     ;;
 esac
