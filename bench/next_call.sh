@@ -68,9 +68,11 @@ case "${1:-}" in
     done
     ;;
   probe)
-    # Does the SM overlap e4m3 wgmma with MUFU.EX2 from another warpgroup (bench/overlap_probe.cu)?
-    nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/overlap_probe" bench/overlap_probe.cu && "$OUT/overlap_probe" | tee "$OUT/overlap-probe.log"
-    rm -f "$OUT/overlap_probe"
+    # Does the SM overlap e4m3 wgmma with MUFU.EX2 from another warpgroup (bench/overlap_probe_gen.py)?
+    python3 bench/overlap_probe_gen.py >"$OUT/overlap_probe.cu" &&
+      nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/overlap_probe" "$OUT/overlap_probe.cu" &&
+      "$OUT/overlap_probe" | tee "$OUT/overlap-probe.log"
+    rm -f "$OUT/overlap_probe" "$OUT/overlap_probe.cu"
     ;;
   quantab)
     # A quantiser candidate (bench/patches/7-quant-hadamard-registers.diff):
