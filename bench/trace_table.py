@@ -1,29 +1,33 @@
 #!/usr/bin/env python3
 """Reads the TRACE lines of a trace build (bench/patches/trace-fp8-stream.diff) and prints, per
 traced kernel, the median clocks of each phase of the fp8 stream's steady loop for each consumer
-warpgroup, the period of an iteration, and how much of one warpgroup's softmax overlaps the
-other's.
+warp, the period of an iteration, how much of one warpgroup's softmax overlaps the other's, and
+how far apart the four warps of a warpgroup arrive at and leave the products' issue.
 
 Usage: bench/trace_table.py LOG
-Phases (clock stamps of warp 0 of each consumer warpgroup of block 0, 4th launch):
-kwait (wait for the K/V stage), issue (S and P.V issued), swait (wait for S), soft (the
-softmax), pvwait (wait for P.V), and the rest up to the next iteration (O rescale, P packing).
+Phases (clock stamps of lane 0 of each consumer warp of block 0, 4th launch; older logs have
+warp 0 of each warpgroup only, without `w`): kwait (wait for the K/V stage), issue (S and P.V
+issued), swait (wait for S), soft (the softmax, with P's packing where P has two register sets),
+pvwait (wait for P.V), and the rest up to the next iteration (O rescale, P packing otherwise).
 """
 import re
 import statistics
 import sys
 
-pat = re.compile(r"TRACE BN (\d+) unit (\d+) cw (\d) it (\d+) t0 (\d+) kwait (\d+) issue (\d+) swait (\d+) soft (\d+) pvwait (\d+)")
+pat = re.compile(r"TRACE BN (\d+) unit (\d+) cw (\d)(?: w (\d))? it (\d+) t0 (\d+) kwait (\d+) "
+                 r"issue (\d+) swait (\d+) soft (\d+) pvwait (\d+)")
 kernels, cur = [], None
 for line in open(sys.argv[1], errors="replace"):
     m = pat.search(line)
     if not m:
         continue
-    bn, unit, cw, it, t0, *ph = map(int, m.groups())
-    if cw == 0 and it == 0:
-        cur = {"bn": bn, "unit": unit, 0: [], 1: []}
+    bn, unit, cw, w, it, t0, *ph = m.groups()
+    bn, unit, cw, w, it, t0 = int(bn), int(unit), int(cw), int(w or 0), int(it), int(t0)
+    ph = list(map(int, ph))
+    if cw == 0 and w == 0 and it == 0:
+        cur = {"bn": bn, "unit": unit, "rows": {}}
         kernels.append(cur)
-    cur[cw].append((t0, ph))
+    cur["rows"].setdefault((cw, w), []).append((t0, ph))
 
 
 def sd(a, b):
@@ -32,28 +36,39 @@ def sd(a, b):
     return d - (1 << 32) if d >= 1 << 31 else d
 
 
+def med(xs):
+    return int(statistics.median(xs)) if xs else 0
+
+
 for k in kernels:
-    print(f"## BN {k['bn']} scale unit {k['unit']}: iterations {len(k[0])} / {len(k[1])}")
-    print("| cw | kwait | issue | swait | soft | pvwait | rest | period |")
-    print("|---|---|---|---|---|---|---|---|")
-    soft_iv = {}
-    for cw in (0, 1):
-        rows = k[cw]
-        cols = list(zip(*[ph for _, ph in rows])) if rows else []
-        per = [sd(rows[i][0], rows[i + 1][0]) for i in range(len(rows) - 1)]
-        rest = [per[i] - sum(rows[i][1]) for i in range(len(per))]
-        med = lambda xs: int(statistics.median(xs)) if xs else 0
-        print(f"| {cw} | " + " | ".join(str(med(c)) for c in cols) + f" | {med(rest)} | {med(per)} |")
-        base = k[0][0][0] if k[0] else 0
-        soft_iv[cw] = []
-        for t0, (kw, iss, sw, so, pv) in rows:
-            s0 = sd(base, t0) + kw + iss + sw
-            soft_iv[cw].append((s0, s0 + so))
+    rows = k["rows"]
+    base = rows[(0, 0)][0][0]
+    print(f"## BN {k['bn']} scale unit {k['unit']}: iterations "
+          + " / ".join(str(len(v)) for v in rows.values()))
+    print("| cw | warp | kwait | issue | swait | soft | pvwait | rest | period |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    soft_iv = {0: [], 1: []}
+    for (cw, w), r in sorted(rows.items()):
+        cols = list(zip(*[ph for _, ph in r]))
+        per = [sd(r[i][0], r[i + 1][0]) for i in range(len(r) - 1)]
+        rest = [per[i] - sum(r[i][1]) for i in range(len(per))]
+        print(f"| {cw} | {w} | " + " | ".join(str(med(c)) for c in cols)
+              + f" | {med(rest)} | {med(per)} |")
+        if w == 0:
+            for t0, (kw, iss, sw, so, pv) in r:
+                s0 = sd(base, t0) + kw + iss + sw
+                soft_iv[cw].append((s0, s0 + so))
     tot = sum(b - a for a, b in soft_iv[0])
-    ov = 0
-    for a, b in soft_iv[0]:
-        for c, d in soft_iv[1]:
-            ov += max(0, min(b, d) - max(a, c))
+    ov = sum(max(0, min(b, d) - max(a, c)) for a, b in soft_iv[0] for c, d in soft_iv[1])
     if tot:
         print(f"warpgroup 0's softmax overlapping warpgroup 1's: {100 * ov / tot:.0f} % of {tot} clocks")
+    for cw in (0, 1):
+        ws = [rows[(cw, w)] for w in range(4) if (cw, w) in rows]
+        if len(ws) < 4:
+            continue
+        n = min(len(x) for x in ws)
+        arrive = [max(sd(base, x[i][0]) + x[i][1][0] for x in ws) - min(sd(base, x[i][0]) + x[i][1][0] for x in ws) for i in range(n)]
+        leave = [max(sd(base, x[i][0]) + sum(x[i][1][:2]) for x in ws) - min(sd(base, x[i][0]) + sum(x[i][1][:2]) for x in ws) for i in range(n)]
+        print(f"warpgroup {cw}: its four warps reach the issue {med(arrive)} clocks apart (median), "
+              f"leave it {med(leave)} apart")
     print()
