@@ -27,32 +27,20 @@ case "${1:-}" in
     FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=${NS:-4096} BINS=${BINS:-old new} ROUNDS=1 \
       NAME=fp8 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
     ;;
-  fp8check)
-    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 \
-      FLASH_FP8_VARIANTS=Fp8CausalPerHead,Fp8DensePerTensor,Fp8CausalInt8PerHead,Fp8DenseInt8V16,Fp8CausalVRowsInt8PerHead,Fp8DenseVChannel,Fp8CausalPerHeadVChannel,Fp8CausalVHead,Fp8WindowVRowsChannel,Fp8CausalVTensor,Fp8DenseInt8VChannel \
-      timeout "${CHECK_TIMEOUT:-300}" ".carry/${2:?build name}/flash-gpucheck" --fp8-only --no-time >"$OUT/$2-check.log" 2>&1
+  fp8check | fp8check_items)
+    # NAME's check with blocks crossing items (a hang would be a barrier or wgmma-group mismatch:
+    # the check runs under `timeout`): `fp8check` on the streamed declarations, `fp8check_items`
+    # on those that run the per-item loop (bench/patches/12-…diff).
+    if [ "$1" = fp8check ]; then
+      variants=Fp8CausalPerHead,Fp8DensePerTensor,Fp8CausalInt8PerHead,Fp8DenseInt8V16,Fp8CausalVRowsInt8PerHead,Fp8DenseVChannel,Fp8CausalPerHeadVChannel,Fp8CausalVHead,Fp8WindowVRowsChannel,Fp8CausalVTensor,Fp8DenseInt8VChannel
+    else
+      variants=Fp8Dense,Fp8Causal,Fp8Softcap,Fp8Window,Fp8Alibi,Fp8Document,Fp8Dense64,Fp8Window64,Fp8DenseInt8,Fp8CausalInt8,Fp8Causal64Int8,Fp8SoftcapInt8,Fp8CausalVRows,Fp8DensePerHeadVBlock
+    fi
+    log="$OUT/${2:?build name}-check${1#fp8check}.log"
+    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 FLASH_FP8_VARIANTS=$variants \
+      timeout "${CHECK_TIMEOUT:-300}" ".carry/$2/flash-gpucheck" --fp8-only --no-time >"$log" 2>&1
     echo "check exit $?"
-    grep -E '^#|^FAIL' "$OUT/$2-check.log" | tail -20
-    ;;
-  fp8check_items)
-    # NAME's check on the declarations that run the per-item loop (bench/patches/12-…diff).
-    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 \
-      FLASH_FP8_VARIANTS=Fp8Dense,Fp8Causal,Fp8Softcap,Fp8Window,Fp8Alibi,Fp8Document,Fp8Dense64,Fp8Window64,Fp8DenseInt8,Fp8CausalInt8,Fp8Causal64Int8,Fp8SoftcapInt8,Fp8CausalVRows,Fp8DensePerHeadVBlock \
-      timeout "${CHECK_TIMEOUT:-300}" ".carry/${2:?build name}/flash-gpucheck" --fp8-only --no-time >"$OUT/$2-check-items.log" 2>&1
-    echo "check exit $?"
-    grep -E '^#|^FAIL' "$OUT/$2-check-items.log" | tail -20
-    ;;
-  deep)
-    # The deeper fp8 schedule (timed 2026-11-28, dropped: bench/results/history/2026-11-28-fp8-deep-scores-timed/):
-    #   bench/build_patched.sh old= new=bench/results/history/2026-11-28-fp8-deep-scores-timed/9-fp8-deep-scores.diff
-    # its check with blocks crossing items (a hang: a barrier or wgmma-group mismatch), then
-    # d 64 timings of old and new.
-    FLASH_PERSISTENT_BLOCKS=3 FLASH_FP8_ATTENTION_ONLY=1 FLASH_FP8_VARIANTS=Fp8Dense64,Fp8Window64 \
-      timeout "${CHECK_TIMEOUT:-300}" ".carry/${2:-new}/flash-gpucheck" --fp8-only --no-time >"$OUT/deep-check.log" 2>&1
-    echo "check exit $?"
-    grep -E '^#|^FAIL' "$OUT/deep-check.log" | tail -20
-    FLASH_FP8_TIME_DIMS=64 FLASH_FP8_TIME_NS=${NS:-4096} BINS="old ${2:-new}" ROUNDS=1 \
-      NAME=fp8d64 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
+    grep -E '^#|^FAIL' "$log" | tail -20
     ;;
   trace)
     # Trace builds (bench/patches/trace-fp8-stream.diff, alone or on top of a candidate):
@@ -75,8 +63,8 @@ case "${1:-}" in
     rm -f "$OUT/overlap_probe" "$OUT/overlap_probe.cu"
     ;;
   quantab)
-    # A quantiser candidate (bench/patches/7-quant-hadamard-registers.diff):
-    #   bench/build_patched.sh old= new=bench/patches/7-quant-hadamard-registers.diff
+    # A quantiser candidate (as bench/results/quant-hadamard-registers-2026-11-28/ timed one):
+    #   bench/build_patched.sh old= new=PATCH.diff
     # new's check (bit for bit against the host model), then old / new timings alternating.
     export FLASH_FP8_QUANT_ONLY=1
     timeout 300 ".carry/${2:-new}/flash-gpucheck" --fp8-only --no-time >"$OUT/quant-check.log" 2>&1
@@ -85,7 +73,7 @@ case "${1:-}" in
     BINS="old ${2:-new}" ROUNDS=2 NAME=quant TIME_ARGS=--fp8-only bash bench/ab_multi.sh
     ;;
   *)
-    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | fp8check_items NAME | quantab [NAME] | deep [NAME] | probe | trace [\"NAMES\"]" >&2
+    echo "usage: bench/next_call.sh ab | fp8ab | fp8check NAME | fp8check_items NAME | quantab [NAME] | probe | trace [\"NAMES\"]" >&2
     exit 2
     ;;
 esac

@@ -67,8 +67,14 @@ for k in kernels:
         if len(ws) < 4:
             continue
         n = min(len(x) for x in ws)
-        arrive = [max(sd(base, x[i][0]) + x[i][1][0] for x in ws) - min(sd(base, x[i][0]) + x[i][1][0] for x in ws) for i in range(n)]
-        leave = [max(sd(base, x[i][0]) + sum(x[i][1][:2]) for x in ws) - min(sd(base, x[i][0]) + sum(x[i][1][:2]) for x in ws) for i in range(n)]
+
+        def spread(i, phases):
+            """Spread over the four warps of iteration i's clock after its first `phases` phases."""
+            at = [sd(base, x[i][0]) + sum(x[i][1][:phases]) for x in ws]
+            return max(at) - min(at)
+
+        arrive = [spread(i, 1) for i in range(n)]
+        leave = [spread(i, 2) for i in range(n)]
         print(f"warpgroup {cw}: its four warps reach the issue {med(arrive)} clocks apart (median), "
               f"leave it {med(leave)} apart")
     print()
