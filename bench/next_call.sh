@@ -43,7 +43,8 @@ case "${1:-}" in
     grep -E '^#|^FAIL' "$log" | tail -20
     ;;
   trace)
-    # Trace builds (bench/patches/trace-fp8-stream.diff, alone or on top of a candidate):
+    # Trace builds (bench/patches/trace-fp8-stream.diff or trace-fp8-items.diff, alone or on
+    # top of a candidate):
     #   bench/build_patched.sh trace=bench/patches/trace-fp8-stream.diff
     # d 128 fp8 timings at n 16384 (b 1, h 16), then each build's trace table: the phases of
     # the fp8 stream's steady loop per consumer warpgroup (bench/trace_table.py).
@@ -53,6 +54,10 @@ case "${1:-}" in
       echo "$b: exit $?"
       grep -E "^fwd .*(n192|bf16)" "$OUT/trace-$b.log"
       python3 bench/trace_table.py "$OUT/trace-$b.log" | tee "$OUT/trace-$b.md"
+      # The item-boundary trace (bench/patches/trace-fp8-items.diff) adds TRACEB lines.
+      if grep -q '^TRACEB' "$OUT/trace-$b.log"; then
+        python3 bench/trace_items.py "$OUT/trace-$b.log" | tee "$OUT/trace-items-$b.md"
+      fi
     done
     ;;
   probe)

@@ -222,7 +222,7 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// fit beside the K/V stages: masked or block-sparse variants with tiles of up to 128 queries,
 /// and plain dense variants at head dims up to 64 (which take it only on short walks, see
 /// [`o_tma_max_keys`]);
-/// not fp8 or a packed batch (whose sequences a box could cross). The store is asynchronous, so
+/// not a packed batch (whose sequences a box could cross) nor fp8 outside its stream (below). The store is asynchronous, so
 /// a consumer starts its next item while O drains, and it writes whole lines where the
 /// accumulator layout gives each thread two columns of each 8-column tile. Measured on an H200
 /// against register stores, same call (`bench/results/ab-o-tma/README.md`): causal d128
@@ -231,7 +231,21 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// items (`bench/results/ab-item-stream/`). Plain dense (`bench/results/ab-shape-defaults/`):
 /// d64 +3 / +2 / +5 % with TMA stores up to 2048 keys, d128 lost 5 % at n 4k with the staging
 /// allocated even where it went unused, so d128 keeps register stores.
+///
+/// The fp8 stream ([`fp8_item_stream`]) with tiles of up to 128 keys stores O by TMA at every
+/// length, dense or masked. A clock trace of its item boundary (H200,
+/// `bench/results/fp8-o-tma-2026-11-28/`) had the register stores' epilogue at ~2800-3500
+/// clocks against a ~2350-clock tile: both warpgroups' 4-byte stores queue on the SM's one
+/// load/store path while no product is issued. Same call against register stores, d128: V per
+/// channel with Q/K per block +9.8 / +9.2 % (n 4k / 16k), causal +4.4 / +1.1 %; per head causal
+/// +2.7 % at n 4k, the rest within the run's noise (bf16 moved 3 %). Tiles of 192 keys (the
+/// per-head default) lost 6-12 % with it (223 of 227 KiB of shared memory taken): they keep
+/// register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
+    let fits = smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES;
+    if spec.fp8.is_some() {
+        return fp8_item_stream(spec, cfg) && cfg.block_m <= 128 && cfg.block_n <= 128 && fits;
+    }
     let dense = spec.mask.is_none() && spec.sparsity.is_none();
     // 192-row tiles of masked variants above d64 (tuner candidates) keep register stores: with
     // the staging's epilogue the causal d128 one spills 12 bytes.
@@ -240,18 +254,15 @@ pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     } else {
         cfg.block_m <= 128
     };
-    cfg.family == KernelFamily::Sm90Ws
-        && spec.fp8.is_none()
-        && wanted
-        && smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES
+    cfg.family == KernelFamily::Sm90Ws && wanted && fits
 }
 
 /// The longest key sequence (`seq_k`) at which a kernel that [`o_by_tma`] stores O by TMA:
-/// every length for masked and block-sparse variants, up to [`DENSE_O_TMA_MAX_KEYS`] for plain
-/// dense ones, whose long walks measured slower with it (see [`o_by_tma`]). The kernel
+/// every length for masked, block-sparse and fp8 variants, up to [`DENSE_O_TMA_MAX_KEYS`] for
+/// plain dense bf16/f16 ones, whose long walks measured slower with it (see [`o_by_tma`]). The kernel
 /// compares at run time, so one compiled kernel serves every length.
 pub fn o_tma_max_keys(spec: &VariantSpec) -> u32 {
-    if spec.mask.is_none() && spec.sparsity.is_none() {
+    if spec.fp8.is_none() && spec.mask.is_none() && spec.sparsity.is_none() {
         DENSE_O_TMA_MAX_KEYS
     } else {
         i32::MAX as u32

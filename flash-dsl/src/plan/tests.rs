@@ -1007,8 +1007,12 @@ fn fp8_v_rows_plan() {
         ]
     );
     assert_eq!(p.operands[2].tma_rows, Some(128));
-    // Two Q tiles, three stages of K, Vᵀ and V rows.
-    assert_eq!(p.smem_bytes(), 1024 + 2 * 128 * 128 + 3 * 3 * 128 * 128);
+    // Two Q tiles, three stages of K, Vᵀ and V rows, and O's staging (bf16: 128 rows of two
+    // 128-byte planes) after them.
+    assert_eq!(
+        p.smem_bytes(),
+        1024 + 2 * 128 * 128 + 3 * 3 * 128 * 128 + 128 * 2 * 128
+    );
     let src = crate::emit(&p).source;
     assert!(src.contains("constexpr bool V_ROWS = true;"));
     assert!(src.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
@@ -1193,8 +1197,8 @@ fn fp8_forward_plan_and_its_limits() {
 
 /// O leaves the sm90ws forward by TMA stores from staged tiles for masked variants above head
 /// dim 64 and plain dense ones up to it, where the staging fits: a fourth descriptor, 64-row
-/// boxes, the staging in the plan's shared memory. Plain dense d128, masks at head dim 64, three
-/// stages at 128/128 and fp8 keep register stores.
+/// boxes, the staging in the plan's shared memory. Plain dense d128 and three stages at 128/128
+/// keep register stores (fp8: `fp8_stream_stores_o_by_tma_with_128_key_tiles`).
 #[test]
 fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
     use crate::plan::forward::{o_by_tma, o_staging_bytes, o_tma_max_keys};
@@ -1237,6 +1241,46 @@ fn masked_sm90ws_forwards_store_o_by_tma_where_it_fits() {
     assert!(o_by_tma(&dense, &ws(2)));
     assert_eq!(o_tma_max_keys(&dense), 2048);
     assert_eq!(o_tma_max_keys(&causal), i32::MAX as u32);
+}
+
+/// The fp8 stream stores O by TMA, at every length, where its tiles have up to 128 keys (the
+/// register stores' epilogue left the tensor cores idle at every item); 192-key tiles (measured
+/// slower with the staging) and the per-item loop (V scaled per block) keep register stores.
+#[test]
+fn fp8_stream_stores_o_by_tma_with_128_key_tiles() {
+    use crate::plan::forward::{fp8_item_stream, o_by_tma, o_staging_bytes, o_tma_max_keys};
+    let ws = |block_n| TileConfig {
+        family: KernelFamily::Sm90Ws,
+        ..cfg(128, block_n, 12, 3)
+    };
+    let vc = crate::parse::parse_str("F { head_dim: 128, dtype: e4m3, v_scales: per_channel }")
+        .unwrap()
+        .remove(0);
+    assert!(fp8_item_stream(&vc, &ws(128)));
+    assert!(o_by_tma(&vc, &ws(128)));
+    assert!(!o_by_tma(&vc, &ws(192)));
+    assert_eq!(o_tma_max_keys(&vc), i32::MAX as u32);
+    let p = plan(&vc, Some(ws(128))).unwrap();
+    let (i, o) = p.operand("o").unwrap();
+    assert_eq!(o.tma_rows, Some(64));
+    assert!(p.args.slots.iter().any(|s| s.field == ArgField::Tma(i)));
+    // bf16 O: two planes of 64 columns per row of the staging, whatever V's codes take.
+    assert_eq!(o_staging_bytes(&vc, &p.config), 128 * 2 * 128);
+    assert!(
+        p.smem_bytes() >= crate::plan::smem_bytes(&vc, &p.config) + o_staging_bytes(&vc, &p.config)
+    );
+    let blocks = crate::parse::parse_str("B { head_dim: 128, dtype: e4m3 }")
+        .unwrap()
+        .remove(0);
+    assert!(!fp8_item_stream(&blocks, &ws(128)));
+    assert!(!o_by_tma(&blocks, &ws(128)));
+    assert!(plan(&blocks, Some(ws(128)))
+        .unwrap()
+        .operand("o")
+        .unwrap()
+        .1
+        .tma_rows
+        .is_none());
 }
 
 /// The wgmma backward stores dK and dV by TMA (64-row boxes of a warpgroup's keys, staged over
