@@ -239,7 +239,8 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// load/store path while no product is issued. Same call against register stores, d128: V per
 /// channel with Q/K per block +9.8 / +9.2 % (n 4k / 16k), causal +4.4 / +1.1 %; per head causal
 /// +2.7 % at n 4k, the rest within the run's noise (bf16 moved 3 %). Tiles of 192 keys (the
-/// per-head default) lost 6-12 % with it (223 of 227 KiB of shared memory taken): they keep
+/// per-head default) lost 6-12 % with it — the staging left room for one Q tile only
+/// ([`q_buffers`]), the likely cause: they keep
 /// register stores.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let fits = smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES;
