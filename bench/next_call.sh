@@ -30,7 +30,7 @@ case "${1:-}" in
   fp8check | fp8check_items)
     # NAME's check with blocks crossing items (a hang would be a barrier or wgmma-group mismatch:
     # the check runs under `timeout`): `fp8check` on the streamed declarations, `fp8check_items`
-    # on those that run the per-item loop (bench/patches/12-…diff).
+    # on those that run the per-item loop.
     if [ "$1" = fp8check ]; then
       variants=Fp8CausalPerHead,Fp8DensePerTensor,Fp8CausalInt8PerHead,Fp8DenseInt8V16,Fp8CausalVRowsInt8PerHead,Fp8DenseVChannel,Fp8CausalPerHeadVChannel,Fp8CausalVHead,Fp8WindowVRowsChannel,Fp8CausalVTensor,Fp8DenseInt8VChannel
     else

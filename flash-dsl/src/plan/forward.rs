@@ -221,10 +221,10 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// staged in shared memory rather than by 4-byte stores from registers, where the staging tiles
 /// fit beside the K/V stages: masked or block-sparse variants with tiles of up to 128 queries,
 /// and plain dense variants at head dims up to 64 (which take it only on short walks, see
-/// [`o_tma_max_keys`]);
-/// not a packed batch (whose sequences a box could cross) nor fp8 outside its stream (below). The store is asynchronous, so
-/// a consumer starts its next item while O drains, and it writes whole lines where the
-/// accumulator layout gives each thread two columns of each 8-column tile. Measured on an H200
+/// [`o_tma_max_keys`]); not a packed batch (whose sequences a box could cross) nor fp8 outside
+/// its stream (below). The store is asynchronous, so a consumer starts its next item while O
+/// drains, and it writes whole lines where the accumulator layout gives each thread two columns
+/// of each 8-column tile. Measured on an H200
 /// against register stores, same call (`bench/results/ab-o-tma/README.md`): causal d128
 /// +9 / +3 / +1 % (n 1k / 4k / 16k), document +6-12 %, window +3-4 %, BigBird +7-8 %; masked
 /// d64 then within ±1.5 %, and +2.6 % at causal n 1k once the overlapped consumers ran across
@@ -239,9 +239,8 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// load/store path while no product is issued. Same call against register stores, d128: V per
 /// channel with Q/K per block +9.8 / +9.2 % (n 4k / 16k), causal +4.4 / +1.1 %; per head causal
 /// +2.7 % at n 4k, the rest within the run's noise (bf16 moved 3 %). Tiles of 192 keys (the
-/// per-head default) lost 6-12 % with it — the staging left room for one Q tile only
-/// ([`q_buffers`]), the likely cause: they keep
-/// register stores.
+/// per-head default) lost 6-12 % with it and keep register stores; likely cause: the staging
+/// left room for one Q tile only ([`q_buffers`]).
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let fits = smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES;
     if spec.fp8.is_some() {
@@ -260,8 +259,8 @@ pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
 
 /// The longest key sequence (`seq_k`) at which a kernel that [`o_by_tma`] stores O by TMA:
 /// every length for masked, block-sparse and fp8 variants, up to [`DENSE_O_TMA_MAX_KEYS`] for
-/// plain dense bf16/f16 ones, whose long walks measured slower with it (see [`o_by_tma`]). The kernel
-/// compares at run time, so one compiled kernel serves every length.
+/// plain dense bf16/f16 ones, whose long walks measured slower with it (see [`o_by_tma`]). The
+/// kernel compares at run time, so one compiled kernel serves every length.
 pub fn o_tma_max_keys(spec: &VariantSpec) -> u32 {
     if spec.fp8.is_none() && spec.mask.is_none() && spec.sparsity.is_none() {
         DENSE_O_TMA_MAX_KEYS
