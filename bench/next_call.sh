@@ -9,6 +9,7 @@
 #   bench/build_patched.sh old= new=PATCH.diff
 #   bash bench/next_call.sh fp8ab          # fp8 d 128 timing of BINS (default "old new"),
 #                                          # NS=4096 by default (NS=4096,16384: both lengths); ~90 s a build
+#                                          # (ROWS=perhead_n192,...: those rows alone)
 #   bash bench/next_call.sh fp8check NAME  # NAME's check on the streamed declarations with blocks
 #                                          # crossing items (a hang would be a barrier mismatch: the
 #                                          # check runs under `timeout`)
@@ -24,6 +25,8 @@ case "${1:-}" in
     ;;
   fp8ab)
     # An fp8 timing run takes ~110 s on a fresh machine (kernel compiles, host inputs).
+    # ROWS=perhead_n192,perhead_vchannel times those rows alone (FLASH_FP8_TIME_ROWS; bf16 always).
+    [ -n "${ROWS:-}" ] && export FLASH_FP8_TIME_ROWS=$ROWS
     FLASH_FP8_TIME_DIMS=128 FLASH_FP8_TIME_NS=${NS:-4096} BINS=${BINS:-old new} ROUNDS=1 \
       NAME=fp8 TIME_ARGS=--fp8-only TIME_TIMEOUT=200 bash bench/ab_multi.sh
     ;;

@@ -704,6 +704,17 @@ fn timing_attention_at(
             .collect(),
         Err(_) => vec![4096, 16384],
     };
+    // `FLASH_FP8_TIME_ROWS=perhead_n192,perhead_vchannel` times those rows alone (bf16 always
+    // runs: the rows' peer): `default` (also gives `+quant`), `stages`, `perhead`, `perhead_n192`,
+    // `qkint8`, `qkint8_vbf16`, `vchannel`, `perhead_vchannel`, `vrows`. A device call's time.
+    let rows_only: Option<Vec<String>> = std::env::var("FLASH_FP8_TIME_ROWS")
+        .ok()
+        .map(|v| v.split(',').map(|x| x.trim().to_string()).collect());
+    let want = |row: &str| {
+        rows_only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == row))
+    };
     for n in ns {
         let b = 16384 / n;
         let shape = [b, n, n, h, h];
@@ -713,12 +724,13 @@ fn timing_attention_at(
             fp8_problem(shape, d, false, 7, &f.expect("an fp8 declaration"))
         };
         let x = x_of("Fp8Dense");
-        let x_head = x_of("Fp8DenseH");
-        let x_int8 = x_of("Fp8DenseI");
-        let x_int8_v16 = x_of("Fp8DenseIV");
+        // (Each quantised on the host only where one of its rows is timed.)
+        let x_head = (want("perhead") || want("perhead_n192")).then(|| x_of("Fp8DenseH"));
+        let x_int8 = want("qkint8").then(|| x_of("Fp8DenseI"));
+        let x_int8_v16 = want("qkint8_vbf16").then(|| x_of("Fp8DenseIV"));
         // V per channel, Q and K per block (the streamed schedule) or per head (192 keys).
-        let x_vc = x_of("Fp8DenseVC");
-        let x_hvc = x_of("Fp8DenseHVC");
+        let x_vc = want("vchannel").then(|| x_of("Fp8DenseVC"));
+        let x_hvc = want("perhead_vchannel").then(|| x_of("Fp8DenseHVC"));
         let bits: Vec<u16> = x
             .dequant
             .0
@@ -789,12 +801,36 @@ fn timing_attention_at(
                 stages: 5 - default.stages,
                 ..default
             };
-            let kernel = rt.load(f8, Some(default))?;
-            let (o8, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
-            let k_other = rt.load(f8, Some(other))?;
-            let (_, _, ms_other) = run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?;
-            let k_head = rt.load(f8h, Some(default))?;
-            let (_, _, ms_head) = run_fp8(rt, &k_head, &x_head, shape, &[], Some((5, 20)))?;
+            // The default kernel runs for its row and as the V-rows row's bit-for-bit reference.
+            let (o8, ms8) = if want("default") || want("vrows") {
+                let kernel = rt.load(f8, Some(default))?;
+                let (o8, _, ms8) = run_fp8(rt, &kernel, &x, shape, &[], Some((5, 20)))?;
+                (o8, Some(ms8))
+            } else {
+                (Vec::new(), None)
+            };
+            let ms_other = if want("stages") {
+                let k_other = rt.load(f8, Some(other))?;
+                Some(run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?.2)
+            } else {
+                None
+            };
+            let ms_head = if want("perhead") {
+                let k_head = rt.load(f8h, Some(default))?;
+                Some(
+                    run_fp8(
+                        rt,
+                        &k_head,
+                        x_head.as_ref().expect("quantised for its rows"),
+                        shape,
+                        &[],
+                        Some((5, 20)),
+                    )?
+                    .2,
+                )
+            } else {
+                None
+            };
             // One scale per head allows 192-key tiles (a tuner candidate).
             let wide = flash_dsl::TileConfig {
                 block_n: 192,
@@ -806,43 +842,111 @@ fn timing_attention_at(
                 flash_dsl::plan::default_config_for(f8r, flash_dsl::plan::KernelFamily::Sm90Ws);
             // Same codes, same tile and order of arithmetic: O must be equal bit for bit — a check
             // of the transposition on every (batch, head) of a launch with many items a block.
-            let ms_rows = if flash_dsl::plan::config_is_valid(f8r, &rows_cfg).is_ok() {
-                let k_rows = rt.load(f8r, Some(rows_cfg))?;
-                let (o_rows, _, ms) = run_fp8(rt, &k_rows, &x, shape, &[], Some((5, 20)))?;
-                let same = o_rows.len() == o8.len()
-                    && o_rows
-                        .iter()
-                        .zip(&o8)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                println!(
-                    "{} fp8 V rows against Vᵀ, d {d} n {n}{}: O bit for bit {}",
-                    if same { "ok  " } else { "FAIL" },
-                    if causal { " causal" } else { "" },
-                    if same { "equal" } else { "different" }
-                );
-                Some(ms)
+            let ms_rows =
+                if want("vrows") && flash_dsl::plan::config_is_valid(f8r, &rows_cfg).is_ok() {
+                    let k_rows = rt.load(f8r, Some(rows_cfg))?;
+                    let (o_rows, _, ms) = run_fp8(rt, &k_rows, &x, shape, &[], Some((5, 20)))?;
+                    let same = o_rows.len() == o8.len()
+                        && o_rows
+                            .iter()
+                            .zip(&o8)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                    println!(
+                        "{} fp8 V rows against Vᵀ, d {d} n {n}{}: O bit for bit {}",
+                        if same { "ok  " } else { "FAIL" },
+                        if causal { " causal" } else { "" },
+                        if same { "equal" } else { "different" }
+                    );
+                    Some(ms)
+                } else {
+                    None
+                };
+            let ms_wide =
+                if want("perhead_n192") && flash_dsl::plan::config_is_valid(f8h, &wide).is_ok() {
+                    let k_wide = rt.load(f8h, Some(wide))?;
+                    Some(
+                        run_fp8(
+                            rt,
+                            &k_wide,
+                            x_head.as_ref().expect("quantised for its rows"),
+                            shape,
+                            &[],
+                            Some((5, 20)),
+                        )?
+                        .2,
+                    )
+                } else {
+                    None
+                };
+            let ms_int8 = if want("qkint8") {
+                let k_int8 = rt.load(f8i, None)?;
+                Some(
+                    run_fp8(
+                        rt,
+                        &k_int8,
+                        x_int8.as_ref().expect("quantised for its row"),
+                        shape,
+                        &[],
+                        Some((5, 20)),
+                    )?
+                    .2,
+                )
             } else {
                 None
             };
-            let ms_wide = if flash_dsl::plan::config_is_valid(f8h, &wide).is_ok() {
-                let k_wide = rt.load(f8h, Some(wide))?;
-                Some(run_fp8(rt, &k_wide, &x_head, shape, &[], Some((5, 20)))?.2)
+            let ms_iv = if want("qkint8_vbf16") {
+                let k_iv = rt.load(f8iv, None)?;
+                Some(
+                    run_fp8(
+                        rt,
+                        &k_iv,
+                        x_int8_v16.as_ref().expect("quantised for its row"),
+                        shape,
+                        &[],
+                        Some((5, 20)),
+                    )?
+                    .2,
+                )
             } else {
                 None
             };
-            let k_int8 = rt.load(f8i, None)?;
-            let (_, _, ms_int8) = run_fp8(rt, &k_int8, &x_int8, shape, &[], Some((5, 20)))?;
-            let k_iv = rt.load(f8iv, None)?;
-            let (_, _, ms_iv) = run_fp8(rt, &k_iv, &x_int8_v16, shape, &[], Some((5, 20)))?;
             let (vc, hvc) = if causal {
                 (pick("Fp8CausalVC"), pick("Fp8CausalHVC"))
             } else {
                 (pick("Fp8DenseVC"), pick("Fp8DenseHVC"))
             };
-            let k_vc = rt.load(vc, None)?;
-            let (_, _, ms_vc) = run_fp8(rt, &k_vc, &x_vc, shape, &[], Some((5, 20)))?;
-            let k_hvc = rt.load(hvc, None)?;
-            let (_, _, ms_hvc) = run_fp8(rt, &k_hvc, &x_hvc, shape, &[], Some((5, 20)))?;
+            let ms_vc = if want("vchannel") {
+                let k_vc = rt.load(vc, None)?;
+                Some(
+                    run_fp8(
+                        rt,
+                        &k_vc,
+                        x_vc.as_ref().expect("quantised for its row"),
+                        shape,
+                        &[],
+                        Some((5, 20)),
+                    )?
+                    .2,
+                )
+            } else {
+                None
+            };
+            let ms_hvc = if want("perhead_vchannel") {
+                let k_hvc = rt.load(hvc, None)?;
+                Some(
+                    run_fp8(
+                        rt,
+                        &k_hvc,
+                        x_hvc.as_ref().expect("quantised for its row"),
+                        shape,
+                        &[],
+                        Some((5, 20)),
+                    )?
+                    .2,
+                )
+            } else {
+                None
+            };
             let kb = rt.load(bf, None)?;
             let ms16 = {
                 let t = TensorRef::new(&xb, [b, n, h, d], st);
@@ -851,18 +955,24 @@ fn timing_attention_at(
                 rt.time_forward(&kb, &t, &t, &t, &mut om, &mut lm, &[], 5, 20)?
             };
             let tag = if causal { "_causal" } else { "" };
+            let ms8_row = ms8.filter(|_| want("default"));
             for (variant, dtype, ms) in [
-                (format!("fp8{tag}"), "e4m3", ms8),
+                (format!("fp8{tag}"), "e4m3", ms8_row),
                 (format!("fp8{tag}_s{}", other.stages), "e4m3", ms_other),
-                (format!("fp8{tag}+quant"), "e4m3", ms8 + quant_ms),
+                (
+                    format!("fp8{tag}+quant"),
+                    "e4m3",
+                    ms8_row.map(|ms| ms + quant_ms),
+                ),
                 (format!("fp8{tag}_perhead"), "e4m3", ms_head),
                 (format!("fp8{tag}_qkint8"), "e4m3", ms_int8),
                 (format!("fp8{tag}_qkint8_vbf16"), "e4m3", ms_iv),
                 (format!("fp8{tag}_vchannel"), "e4m3", ms_vc),
                 (format!("fp8{tag}_perhead_vchannel"), "e4m3", ms_hvc),
-                (format!("bf16{tag}"), "bf16", ms16),
+                (format!("bf16{tag}"), "bf16", Some(ms16)),
             ]
             .into_iter()
+            .filter_map(|(v, d, ms)| ms.map(|ms| (v, d, ms)))
             .chain(ms_wide.map(|ms| (format!("fp8{tag}_perhead_n192"), "e4m3", ms)))
             .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows"), "e4m3", ms)))
             .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows+quant"), "e4m3", ms + quant_rows_ms)))
@@ -875,12 +985,14 @@ fn timing_attention_at(
                 rows.push(json!({"gpu": gpu, "backend": "flash", "variant": variant, "dtype": dtype,
                     "d": d, "n": n, "b": b, "h": h, "causal": causal, "mode": "fwd", "ms": ms, "tflops": tf}));
             }
-            println!(
-                "fp8 / bf16 forward, n {n}{}: {:.2}x ({:.2}x with the quantisation)",
-                if causal { " causal" } else { "" },
-                ms16 / ms8,
-                ms16 / (ms8 + quant_ms)
-            );
+            if let Some(ms8) = ms8_row {
+                println!(
+                    "fp8 / bf16 forward, n {n}{}: {:.2}x ({:.2}x with the quantisation)",
+                    if causal { " causal" } else { "" },
+                    ms16 / ms8,
+                    ms16 / (ms8 + quant_ms)
+                );
+            }
         }
     }
     Ok(())
