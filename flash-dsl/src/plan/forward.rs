@@ -214,7 +214,14 @@ pub fn fp8_operands(
 /// Bytes of shared memory the sm90ws forward stages O in for its TMA stores: a box of 64 rows
 /// per consumer warpgroup (`block_m` rows in all) in planes of 64 columns of 128-byte rows.
 pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
-    cfg.block_m * spec.head_dim_v.div_ceil(64) * 128
+    // fp8 tiles of more than 128 keys stage one plane of 64 columns at a time: two planes
+    // left room for one Q tile only and cost those kernels 6-12 % ([`o_by_tma`]).
+    let planes = if spec.fp8.is_some() && cfg.block_n > 128 {
+        1
+    } else {
+        spec.head_dim_v.div_ceil(64)
+    };
+    cfg.block_m * planes * 128
 }
 
 /// Whether the sm90ws forward can write O by TMA stores (`cp.async.bulk.tensor`) of tiles
@@ -239,12 +246,22 @@ pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
 /// load/store path while no product is issued. Same call against register stores, d128: V per
 /// channel with Q/K per block +9.8 / +9.2 % (n 4k / 16k), causal +4.4 / +1.1 %; per head causal
 /// +2.7 % at n 4k, the rest within the run's noise (bf16 moved 3 %). Tiles of 192 keys (the
-/// per-head default) lost 6-12 % with it and keep register stores; likely cause: the staging
-/// left room for one Q tile only ([`q_buffers`]).
+/// per-head default) lost 6-12 % with a two-plane staging, which left room for one Q tile only
+/// ([`q_buffers`]); they stage one 64-column plane at a time ([`o_staging_bytes`]), and with
+/// that the causal ones gained and the dense ones lost, same call
+/// (`bench/results/fp8-o-tma-192-2026-11-28/`): causal +5.1 / +3.7 % (n 4k / 16k), dense
+/// −3.9 / −6.2 % (the dense kernel's steady loop, which the epilogue does not touch, came out
+/// of ptxas scheduled differently). So masked 192-key tiles store by TMA, unmasked ones from
+/// registers.
 pub fn o_by_tma(spec: &VariantSpec, cfg: &TileConfig) -> bool {
     let fits = smem_bytes(spec, cfg) + o_staging_bytes(spec, cfg) <= super::tile::MAX_SMEM_BYTES;
     if spec.fp8.is_some() {
-        return fp8_item_stream(spec, cfg) && cfg.block_m <= 128 && cfg.block_n <= 128 && fits;
+        // 192-key tiles only where a mask (causal) makes items end unevenly: the unmasked
+        // 192-key kernel ran 4-6 % slower with the staging (its steady loop scheduled apart).
+        return fp8_item_stream(spec, cfg)
+            && cfg.block_m <= 128
+            && (cfg.block_n <= 128 || spec.mask.is_some())
+            && fits;
     }
     let dense = spec.mask.is_none() && spec.sparsity.is_none();
     // 192-row tiles of masked variants above d64 (tuner candidates) keep register stores: with

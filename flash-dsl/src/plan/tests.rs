@@ -870,10 +870,11 @@ fn fp8_wide_key_tiles() {
         (128, 192, 12, 3)
     );
     let p = plan(&head, Some(cfg)).unwrap();
-    // Two Q tiles, three stages of K (192 rows) and Vᵀ (two boxes of 128 keys).
+    // Two Q tiles, three stages of K (192 rows) and Vᵀ (two boxes of 128 keys), and O's
+    // staging of one 64-column plane (a two-plane one would leave room for one Q tile only).
     assert_eq!(
         p.smem_bytes(),
-        1024 + 2 * 128 * 128 + 3 * (192 * 128 + 128 * 256)
+        1024 + 2 * 128 * 128 + 3 * (192 * 128 + 128 * 256) + 128 * 128
     );
     let src = crate::emit(&p).source;
     assert!(src.contains("wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3"));
@@ -1258,7 +1259,15 @@ fn fp8_stream_stores_o_by_tma_with_128_key_tiles() {
         .remove(0);
     assert!(fp8_item_stream(&vc, &ws(128)));
     assert!(o_by_tma(&vc, &ws(128)));
+    // 192-key tiles: by TMA where a mask ends items unevenly, one plane of 64 columns at a
+    // time; unmasked from registers.
     assert!(!o_by_tma(&vc, &ws(192)));
+    let causal =
+        crate::parse::parse_str("F { head_dim: 128, dtype: e4m3, scales: per_head, mask: causal }")
+            .unwrap()
+            .remove(0);
+    assert!(o_by_tma(&causal, &ws(192)));
+    assert_eq!(o_staging_bytes(&causal, &ws(192)), 128 * 128);
     assert_eq!(o_tma_max_keys(&vc), i32::MAX as u32);
     let p = plan(&vc, Some(ws(128))).unwrap();
     let (i, o) = p.operand("o").unwrap();
