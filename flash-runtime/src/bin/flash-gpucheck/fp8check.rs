@@ -776,6 +776,20 @@ fn timing_attention_at(
                 fl /= 2.0;
             }
             let pick = |name: &str| specs.iter().find(|s| s.name == name).expect("declared");
+            // `spec` at `cfg` (its default where None) on `x`, where `row` is wanted.
+            let time_row = |row: &str,
+                            spec: &flash_dsl::VariantSpec,
+                            cfg: Option<flash_dsl::TileConfig>,
+                            x: Option<&Fp8Problem>|
+             -> Result<Option<f32>, FlashError> {
+                match x {
+                    Some(x) if want(row) => {
+                        let kernel = rt.load(spec, cfg)?;
+                        Ok(Some(run_fp8(rt, &kernel, x, shape, &[], Some((5, 20)))?.2))
+                    }
+                    _ => Ok(None),
+                }
+            };
             let (f8, bf, f8h, f8i, f8iv, f8r) = if causal {
                 (
                     pick("Fp8Causal"),
@@ -809,28 +823,8 @@ fn timing_attention_at(
             } else {
                 (Vec::new(), None)
             };
-            let ms_other = if want("stages") {
-                let k_other = rt.load(f8, Some(other))?;
-                Some(run_fp8(rt, &k_other, &x, shape, &[], Some((5, 20)))?.2)
-            } else {
-                None
-            };
-            let ms_head = if want("perhead") {
-                let k_head = rt.load(f8h, Some(default))?;
-                Some(
-                    run_fp8(
-                        rt,
-                        &k_head,
-                        x_head.as_ref().expect("quantised for its rows"),
-                        shape,
-                        &[],
-                        Some((5, 20)),
-                    )?
-                    .2,
-                )
-            } else {
-                None
-            };
+            let ms_other = time_row("stages", f8, Some(other), Some(&x))?;
+            let ms_head = time_row("perhead", f8h, Some(default), x_head.as_ref())?;
             // One scale per head allows 192-key tiles (a tuner candidate).
             let wide = flash_dsl::TileConfig {
                 block_n: 192,
@@ -861,92 +855,20 @@ fn timing_attention_at(
                 } else {
                     None
                 };
-            let ms_wide =
-                if want("perhead_n192") && flash_dsl::plan::config_is_valid(f8h, &wide).is_ok() {
-                    let k_wide = rt.load(f8h, Some(wide))?;
-                    Some(
-                        run_fp8(
-                            rt,
-                            &k_wide,
-                            x_head.as_ref().expect("quantised for its rows"),
-                            shape,
-                            &[],
-                            Some((5, 20)),
-                        )?
-                        .2,
-                    )
-                } else {
-                    None
-                };
-            let ms_int8 = if want("qkint8") {
-                let k_int8 = rt.load(f8i, None)?;
-                Some(
-                    run_fp8(
-                        rt,
-                        &k_int8,
-                        x_int8.as_ref().expect("quantised for its row"),
-                        shape,
-                        &[],
-                        Some((5, 20)),
-                    )?
-                    .2,
-                )
+            let ms_wide = if flash_dsl::plan::config_is_valid(f8h, &wide).is_ok() {
+                time_row("perhead_n192", f8h, Some(wide), x_head.as_ref())?
             } else {
                 None
             };
-            let ms_iv = if want("qkint8_vbf16") {
-                let k_iv = rt.load(f8iv, None)?;
-                Some(
-                    run_fp8(
-                        rt,
-                        &k_iv,
-                        x_int8_v16.as_ref().expect("quantised for its row"),
-                        shape,
-                        &[],
-                        Some((5, 20)),
-                    )?
-                    .2,
-                )
-            } else {
-                None
-            };
+            let ms_int8 = time_row("qkint8", f8i, None, x_int8.as_ref())?;
+            let ms_iv = time_row("qkint8_vbf16", f8iv, None, x_int8_v16.as_ref())?;
             let (vc, hvc) = if causal {
                 (pick("Fp8CausalVC"), pick("Fp8CausalHVC"))
             } else {
                 (pick("Fp8DenseVC"), pick("Fp8DenseHVC"))
             };
-            let ms_vc = if want("vchannel") {
-                let k_vc = rt.load(vc, None)?;
-                Some(
-                    run_fp8(
-                        rt,
-                        &k_vc,
-                        x_vc.as_ref().expect("quantised for its row"),
-                        shape,
-                        &[],
-                        Some((5, 20)),
-                    )?
-                    .2,
-                )
-            } else {
-                None
-            };
-            let ms_hvc = if want("perhead_vchannel") {
-                let k_hvc = rt.load(hvc, None)?;
-                Some(
-                    run_fp8(
-                        rt,
-                        &k_hvc,
-                        x_hvc.as_ref().expect("quantised for its row"),
-                        shape,
-                        &[],
-                        Some((5, 20)),
-                    )?
-                    .2,
-                )
-            } else {
-                None
-            };
+            let ms_vc = time_row("vchannel", vc, None, x_vc.as_ref())?;
+            let ms_hvc = time_row("perhead_vchannel", hvc, None, x_hvc.as_ref())?;
             let kb = rt.load(bf, None)?;
             let ms16 = {
                 let t = TensorRef::new(&xb, [b, n, h, d], st);
