@@ -150,6 +150,8 @@ struct Context {
     o_tma: bool,
     /// ... up to this many keys (`plan::forward::o_tma_max_keys`), by register stores beyond.
     o_tma_max_keys: u32,
+    /// Planes of 64 columns its staging holds at once (`plan::forward::o_staging_planes`).
+    o_staging_planes: u32,
     /// Q tiles of the sm90ws forward (`plan::forward::q_buffers`): 2 lets the producer load the
     /// next work item's Q while the consumers finish the current one.
     q_buffers: u32,
@@ -453,6 +455,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
                 .is_some_and(|(_, o)| o.tma_rows.is_some()),
         o_tma: plan.kind == KernelKind::Forward && o_tma,
         o_tma_max_keys: crate::plan::forward::o_tma_max_keys(spec),
+        o_staging_planes: crate::plan::forward::o_staging_planes(spec, &cfg),
         q_buffers: if matches!(plan.kind, KernelKind::Forward | KernelKind::ForwardVarlen) {
             crate::plan::forward::q_buffers(spec, &cfg, o_tma)
         } else {

@@ -211,17 +211,22 @@ pub fn fp8_operands(
     ops
 }
 
-/// Bytes of shared memory the sm90ws forward stages O in for its TMA stores: a box of 64 rows
-/// per consumer warpgroup (`block_m` rows in all) in planes of 64 columns of 128-byte rows.
-pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
-    // fp8 tiles of more than 128 keys stage one plane of 64 columns at a time: two planes
-    // left room for one Q tile only and cost those kernels 6-12 % ([`o_by_tma`]).
-    let planes = if spec.fp8.is_some() && cfg.block_n > 128 {
+/// Planes of 64 columns of O the sm90ws forward's staging holds at once: all of O's, except
+/// fp8 tiles of more than 128 keys, which stage one plane at a time (two planes left room for
+/// one Q tile only and cost those kernels 6-12 %, [`o_by_tma`]). The template's `SO_PLANES`.
+pub fn o_staging_planes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    if spec.fp8.is_some() && cfg.block_n > 128 {
         1
     } else {
         spec.head_dim_v.div_ceil(64)
-    };
-    cfg.block_m * planes * 128
+    }
+}
+
+/// Bytes of shared memory the sm90ws forward stages O in for its TMA stores: a box of 64 rows
+/// per consumer warpgroup (`block_m` rows in all) in [`o_staging_planes`] planes of 64 columns
+/// of 128-byte rows.
+pub fn o_staging_bytes(spec: &VariantSpec, cfg: &TileConfig) -> u32 {
+    cfg.block_m * o_staging_planes(spec, cfg) * 128
 }
 
 /// Whether the sm90ws forward can write O by TMA stores (`cp.async.bulk.tensor`) of tiles
