@@ -14,6 +14,13 @@ Why: the same kernel text around an unchanged loop has run 4-8 % apart on an H20
 ordered the loop differently (`bench/results/fp8-steady-schedules-2026-11-28.md`); this names
 how two builds' loops differ, e.g. whether the wait for P·V comes before or after the
 exponentials. Sources come from `FLASH_DUMP_DIR=DIR flash compile FILE --no-cache`.
+
+`bench/sass_steady.py --waits A.cu [B.cu ...]` prints one line a kernel instead: for the loop's
+first two stretches (the stream's two steps when it keeps two P register sets), where its last
+wait (the one for P·V) sits against its exponentials — `before`, `inside` or `after` — with the
+offsets. Over the builds timed on 2026-11-29 the fastest dense 192-key kernel waited `before`
+in step 1 and `inside` in step 2 (`results/history/2026-11-29-fp8-boundary-decode-attempt/`);
+this screens a candidate's loop here before any device time is spent on it.
 """
 import os
 import re
@@ -64,13 +71,33 @@ def describe(ops, start, end):
             f"shfl {len(at['shfl'])}; fmul {len(at['fmul'])}")
 
 
+def placement(ops, start, end):
+    """Where the stretch's last wait sits against its exponentials."""
+    seg = ops[start:end]
+    waits = [i for i, op in enumerate(seg) if op.startswith(KINDS["wait"])]
+    ex2 = [i for i, op in enumerate(seg) if op.startswith(KINDS["ex2"])]
+    if not waits or not ex2:
+        return "no wait or no exponentials"
+    w = waits[-1]
+    where = "before" if w < ex2[0] else "after" if w > ex2[-1] else "inside"
+    return f"{where} (wait {w}, ex2 {ex2[0]}-{ex2[-1]})"
+
+
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    waits_only = bool(args) and args[0] == "--waits"
+    if waits_only:
+        args = args[1:]
+    if not args:
         sys.exit(__doc__)
     nv = nvrtc()
-    for path in sys.argv[1:]:
+    for path in args:
         ops = [opcode(line) for line in sass(nv, path)]
         g = groups(ops)
+        if waits_only:
+            steps = [placement(ops, g[k][0], g[k + 1][0]) for k in (1, 2) if k + 1 < len(g)]
+            print(f"{os.path.basename(path)}: " + "; ".join(f"step {k + 1} {p}" for k, p in enumerate(steps)))
+            continue
         print(f"== {path}: wgmma groups {[(x[0], len(x)) for x in g]}")
         for k in range(1, len(g) - 1):
             print(f"  stretch {k}: {describe(ops, g[k][0], g[k + 1][0])}")
