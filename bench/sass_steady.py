@@ -58,9 +58,15 @@ def groups(ops):
     return out
 
 
+def positions(ops, start, end):
+    """Offsets (from `start`) of each kind's instructions in ops[start:end]."""
+    seg = ops[start:end]
+    return {k: [i for i, op in enumerate(seg) if op.startswith(p)] for k, p in KINDS.items()}
+
+
 def describe(ops, start, end):
     seg = ops[start:end]
-    at = {k: [i for i, op in enumerate(seg) if op.startswith(p)] for k, p in KINDS.items()}
+    at = positions(ops, start, end)
 
     def span(k):
         v = at[k]
@@ -73,9 +79,8 @@ def describe(ops, start, end):
 
 def placement(ops, start, end):
     """Where the stretch's last wait sits against its exponentials."""
-    seg = ops[start:end]
-    waits = [i for i, op in enumerate(seg) if op.startswith(KINDS["wait"])]
-    ex2 = [i for i, op in enumerate(seg) if op.startswith(KINDS["ex2"])]
+    at = positions(ops, start, end)
+    waits, ex2 = at["wait"], at["ex2"]
     if not waits or not ex2:
         return "no wait or no exponentials"
     w = waits[-1]
