@@ -36,6 +36,8 @@ def sass(nv, path):
     assert nv.nvrtcCreateProgram(ctypes.byref(prog), src, b"k.cu", 0, None, None) == 0
     opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", b"-default-device", b"--no-cache",
             ("-I" + os.path.dirname(os.path.abspath(path))).encode()]
+    # Extra NVRTC options (e.g. `-Xptxas -O2`), whitespace-separated, as FLASH_NVRTC_EXTRA gives flash.
+    opts += [o.encode() for o in os.environ.get("FLASH_NVRTC_EXTRA", "").split()]
     if nv.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
         n = ctypes.c_size_t()
         nv.nvrtcGetProgramLogSize(prog, ctypes.byref(n))

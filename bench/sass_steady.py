@@ -20,7 +20,9 @@ first two stretches (the stream's two steps when it keeps two P register sets), 
 wait (the one for P·V) sits against its exponentials — `before`, `inside` or `after` — with the
 offsets. Over the builds timed on 2026-11-29 the fastest dense 192-key kernel waited `before`
 in step 1 and `inside` in step 2 (`results/history/2026-11-29-fp8-boundary-decode-attempt/`);
-this screens a candidate's loop here before any device time is spent on it.
+that pattern did not hold up: on the same day candidate 22 and ptxas's register usage level 0
+kept those positions and ran 6-10 % slower (`results/history/2026-11-29-fp8-patches-22-23-25-timed/`),
+so this describes a loop; it does not predict its speed.
 """
 import os
 import re

@@ -1,6 +1,7 @@
 //! CUDA source → CUBIN with NVRTC, and what ptxas says about the result.
 //!
-//! Options are fixed except the architecture and caller extras: `-std=c++17`,
+//! Options are fixed except the architecture and extras (the caller's, or `FLASH_NVRTC_EXTRA`'s):
+//! `-std=c++17`,
 //! `-default-device`, and `-Xptxas -v` so that the log carries register, shared-memory, stack
 //! and spill figures, parsed into [`Resources`] (and, with NVRTC 12.9+, `--no-cache`: a hit in
 //! NVRTC's own cache skips ptxas and those lines). Fast math is deliberately *not* enabled:
@@ -29,9 +30,12 @@ pub struct CompileOptions {
 }
 
 impl CompileOptions {
-    /// Options for `arch` with no extra NVRTC flags. The architecture is checked when compiling
-    /// (it must look like `sm_80` or `sm_90a`: CUBIN needs a real architecture, not
-    /// `compute_XX`).
+    /// Options for `arch`, with the whitespace-separated NVRTC flags of `FLASH_NVRTC_EXTRA` as
+    /// extras when it is set (e.g. `-lineinfo` for a profiler's source view, or a ptxas option as
+    /// `-Xptxas --register-usage-level=0`: `bench/ab_env.sh` times one build under several such
+    /// sets). Extras are part of the cache key, so they never pick up another set's CUBIN. The
+    /// architecture is checked when compiling (it must look like `sm_80` or `sm_90a`: CUBIN
+    /// needs a real architecture, not `compute_XX`).
     ///
     /// ```
     /// use flash_runtime::CompileOptions;
@@ -46,7 +50,9 @@ impl CompileOptions {
     pub fn new(arch: impl Into<String>) -> Self {
         CompileOptions {
             arch: arch.into(),
-            extra: Vec::new(),
+            extra: std::env::var("FLASH_NVRTC_EXTRA")
+                .map(|v| v.split_whitespace().map(String::from).collect())
+                .unwrap_or_default(),
         }
     }
 
