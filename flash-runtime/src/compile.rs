@@ -51,7 +51,7 @@ impl CompileOptions {
         CompileOptions {
             arch: arch.into(),
             extra: std::env::var("FLASH_NVRTC_EXTRA")
-                .map(|v| v.split_whitespace().map(String::from).collect())
+                .map(|v| split_extra(&v))
                 .unwrap_or_default(),
         }
     }
@@ -384,6 +384,12 @@ fn dump_sources(dir: &Path, src: &CudaSource) {
     }
 }
 
+/// The options of a `FLASH_NVRTC_EXTRA` value: whitespace-separated, in order (an option and its
+/// value as two words where NVRTC takes them so, e.g. `-Xptxas --register-usage-level=0`).
+fn split_extra(v: &str) -> Vec<String> {
+    v.split_whitespace().map(String::from).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +425,15 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 304 bytes 
         assert_eq!(h.stack_frame, 8);
         let unknown = Resources::parse_log(log, "nope");
         assert_eq!(unknown.registers, 255);
+    }
+
+    #[test]
+    fn extra_options_split_on_whitespace() {
+        assert_eq!(
+            split_extra("  -Xptxas --register-usage-level=0\t-lineinfo "),
+            ["-Xptxas", "--register-usage-level=0", "-lineinfo"]
+        );
+        assert!(split_extra("   ").is_empty());
     }
 
     #[test]
