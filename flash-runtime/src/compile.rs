@@ -1,12 +1,11 @@
 //! CUDA source → CUBIN with NVRTC, and what ptxas says about the result.
 //!
 //! Options are fixed except the architecture and extras (the caller's, or `FLASH_NVRTC_EXTRA`'s):
-//! `-std=c++17`,
-//! `-default-device`, and `-Xptxas -v` so that the log carries register, shared-memory, stack
-//! and spill figures, parsed into [`Resources`] (and, with NVRTC 12.9+, `--no-cache`: a hit in
-//! NVRTC's own cache skips ptxas and those lines). Fast math is deliberately *not* enabled:
-//! attention numerics are compared against an IEEE reference, and a kernel that wants an
-//! approximate intrinsic (`ex2.approx`, `__expf`) spells it out in its source.
+//! `-std=c++17`, `-default-device`, and `-Xptxas -v` so that the log carries register,
+//! shared-memory, stack and spill figures, parsed into [`Resources`] (and, with NVRTC 12.9+,
+//! `--no-cache`: a hit in NVRTC's own cache skips ptxas and those lines). Fast math is deliberately
+//! *not* enabled: attention numerics are compared against an IEEE reference, and a kernel that
+//! wants an approximate intrinsic (`ex2.approx`, `__expf`) spells it out in its source.
 
 use std::ffi::CString;
 use std::path::Path;
@@ -32,8 +31,8 @@ pub struct CompileOptions {
 impl CompileOptions {
     /// Options for `arch`, with the whitespace-separated NVRTC flags of `FLASH_NVRTC_EXTRA` as
     /// extras when it is set (e.g. `-lineinfo` for a profiler's source view, or a ptxas option as
-    /// `-Xptxas --register-usage-level=0`: `bench/ab_env.sh` times one build under several such
-    /// sets). Extras are part of the cache key, so they never pick up another set's CUBIN. The
+    /// `-Xptxas --register-usage-level=0`: `bench/ab_multi.sh` with `EXTRAS` times one build under
+    /// several such sets). Extras are part of the cache key, so they never pick up another set's CUBIN. The
     /// architecture is checked when compiling (it must look like `sm_80` or `sm_90a`: CUBIN
     /// needs a real architecture, not `compute_XX`).
     ///
