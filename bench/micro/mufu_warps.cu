@@ -5,6 +5,7 @@
 // an SM of 128·W threads (W warps a scheduler); clock64 around the loop in each warp.
 #include <cstdio>
 #include <cstdint>
+#include <vector>
 template <int N, int MODE>
 __global__ void __launch_bounds__(512, 1) k(float* out, unsigned long long* cyc, int iters, float c) {
   float s[N];
@@ -46,8 +47,8 @@ void run(const char* name, int warps_per_sched) {
   k<N, MODE><<<sms, threads>>>(o, cyc, 10, 0.5f);
   k<N, MODE><<<sms, threads>>>(o, cyc, iters, 0.5f);
   cudaDeviceSynchronize();
-  unsigned long long h[16 * 132 * 2];
-  cudaMemcpy(h, cyc, sms * 16 * 8, cudaMemcpyDeviceToHost);
+  std::vector<unsigned long long> h(sms * 16);
+  cudaMemcpy(h.data(), cyc, sms * 16 * 8, cudaMemcpyDeviceToHost);
   double mean = 0; int n = 0;
   for (int b = 0; b < sms; ++b) for (int w = 0; w < threads / 32; ++w) { mean += h[b * 16 + w]; ++n; }
   mean /= n;

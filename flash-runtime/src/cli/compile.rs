@@ -23,7 +23,7 @@ pub struct CompileArgs {
     /// Target architectures, comma separated or repeated (`sm_80`, `sm_90`, `sm_90a`).
     #[arg(long, value_delimiter = ',', default_value = "sm_90a")]
     pub arch: Vec<String>,
-    /// Extra NVRTC options (repeatable), e.g. `--nvrtc-opt=-lineinfo`.
+    /// Extra NVRTC options (repeatable), e.g. `--nvrtc-opt=-lineinfo`; after `FLASH_NVRTC_EXTRA`'s.
     #[arg(long = "nvrtc-opt", allow_hyphen_values = true)]
     pub nvrtc_opt: Vec<String>,
     /// Compile even if cached, and do not store the result.
@@ -81,10 +81,9 @@ pub(crate) fn cmd_compile(a: &CompileArgs) -> Result<ExitCode, FlashError> {
                 );
                 continue;
             }
-            let opts = CompileOptions {
-                arch: arch.clone(),
-                extra: a.nvrtc_opt.clone(),
-            };
+            // `FLASH_NVRTC_EXTRA`'s options (as every compile takes them), then `--nvrtc-opt`'s.
+            let mut opts = CompileOptions::new(arch.clone());
+            opts.extra.extend(a.nvrtc_opt.iter().cloned());
             match build(plan, &opts, cache.as_ref()) {
                 Ok((src, k, outcome)) => report(a, &spec.name, arch, &src, &k, outcome),
                 Err(e @ FlashError::LibraryNotFound { .. }) => return Err(e),
