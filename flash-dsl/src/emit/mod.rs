@@ -199,6 +199,8 @@ struct Context {
     /// rotation's f32 normalisation (as `{:e}` text of the exact f32).
     quant_hadamard: bool,
     quant_transpose: bool,
+    /// The quantiser keeps its rows in registers (`QuantSpec::in_registers`).
+    quant_regs: bool,
     /// The quantiser's scale group (`plan::quantize::ScaleGroup`: 0 block, 1 head, 2 tensor, 3
     /// channel), whether this is the first (amax) pass, whether it is the per-channel reduce
     /// pass, and whether it reads the amaxes of those.
@@ -490,6 +492,7 @@ pub fn emit(plan: &KernelPlan) -> CudaSource {
         per_seq: paged || varlen,
         quant_hadamard: plan.quant.is_some_and(|q| q.hadamard),
         quant_transpose: plan.quant.is_some_and(|q| q.transpose),
+        quant_regs: plan.quant.is_some_and(|q| q.in_registers()),
         quant_group: plan.quant.map_or(0, |q| q.group as u32),
         quant_amax_pass: plan.quant.is_some_and(|q| q.amax_pass),
         quant_reduce_pass: plan.quant.is_some_and(|q| q.reduce_pass),

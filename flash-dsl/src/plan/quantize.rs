@@ -200,9 +200,35 @@ impl QuantSpec {
         Ok(())
     }
 
-    /// Shared memory: the block's rows as f32.
+    /// Whether the block's rows stay in registers (no f32 tile in shared memory): one scale per
+    /// block, head or tensor, and a head dim of 64, 128 or 256 (a warp holds whole rows,
+    /// `head_dim / 32` values a lane, the rotation's layout). That covers Q's, K's and V's
+    /// quantisation and the per-head/per-tensor first pass; a transposing kernel (V) stages its
+    /// codes, one byte each, in shared memory for the gather. The per-channel kernels and the
+    /// smoothing's first two passes keep the f32 tile. Why: with the tile (64 KB at d 128) three
+    /// blocks fit an SM and each block loads, reduces and stores in turn: the plain kernel moved
+    /// 1.9 TB/s on an H200, 2.9 TB/s from registers (`bench/results/quant-registers-2026-11-29/`).
+    pub fn in_registers(&self) -> bool {
+        self.group != ScaleGroup::Channel
+            && !self.sum_pass
+            && !self.mean_pass
+            && !self.reduce_pass
+            && matches!(self.head_dim, 64 | 128 | 256)
+    }
+
+    /// Shared memory: the block's rows as f32; where they stay in registers none, or for the
+    /// transposing kernel its codes (rows `head_dim + 4` bytes apart: the gather's four rows of
+    /// a word fall in different banks).
     pub fn smem_bytes(&self) -> u32 {
-        self.block_rows * self.head_dim * 4
+        if self.in_registers() {
+            if self.transpose {
+                self.block_rows * (self.head_dim + 4)
+            } else {
+                0
+            }
+        } else {
+            self.block_rows * self.head_dim * 4
+        }
     }
 
     /// The entry point's name, e.g. `flash_quant_e4m3_bf16_d128_r128_had` (`_t` transposed,
@@ -312,7 +338,9 @@ impl QuantSpec {
 /// };
 /// let p = plan_quantize(&q).unwrap();
 /// assert_eq!(p.kernel_name, "flash_quant_e4m3_bf16_d128_r128_had");
-/// assert_eq!(p.smem_bytes(), 128 * 128 * 4);
+/// assert_eq!(p.smem_bytes(), 0); // rows in registers
+/// let t = QuantSpec { transpose: true, ..q }; // V: its codes staged for the gather
+/// assert_eq!(plan_quantize(&t).unwrap().smem_bytes(), 128 * (128 + 4));
 /// let names: Vec<&str> = p.operands.iter().map(|o| o.name.as_str()).collect();
 /// assert_eq!(names, ["x", "codes", "scales", "signs"]);
 ///

@@ -266,14 +266,18 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
         let signs: Vec<f32> = random_signs(d, 3).iter().map(|&s| s as f32).collect();
         let dsigns = st.clone_htod(&signs).map_err(drv)?;
         // Plain, rotated, rotated with K smoothed (three launches: the column sums, their
-        // means, then the codes reading them), and V transposed with per-channel scales (three:
-        // the blocks' column amaxes, their reduction, the codes); the bytes counted are the
-        // codes kernel's alone.
-        for (hadamard, smooth, channel) in [
-            (false, false, false),
-            (true, false, false),
-            (true, true, false),
-            (false, false, true),
+        // means, then the codes reading them), V transposed with per-block scales and with
+        // per-channel ones (three: the blocks' column amaxes, their reduction, the codes), and
+        // one scale per head, plain and V transposed (two: the block amaxes, the codes); the
+        // bytes counted are the codes kernel's alone.
+        for (hadamard, smooth, transpose, group) in [
+            (false, false, false, ScaleGroup::Block),
+            (true, false, false, ScaleGroup::Block),
+            (true, true, false, ScaleGroup::Block),
+            (false, false, true, ScaleGroup::Block),
+            (false, false, true, ScaleGroup::Channel),
+            (false, false, false, ScaleGroup::Head),
+            (false, false, true, ScaleGroup::Head),
         ] {
             let q = QuantSpec {
                 input: DType::Bf16,
@@ -281,12 +285,8 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 format: Fp8Format::E4m3,
                 block_rows: 128,
                 hadamard,
-                transpose: channel,
-                group: if channel {
-                    ScaleGroup::Channel
-                } else {
-                    Default::default()
-                },
+                transpose,
+                group,
                 amax_pass: false,
                 smooth,
                 sum_pass: false,
@@ -304,15 +304,24 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 (5, 30),
             )?;
             let gbps = (len * 3) as f64 / ms as f64 / 1e6;
+            let what = match (transpose, group) {
+                (true, ScaleGroup::Channel) => " V transposed, per channel",
+                (true, ScaleGroup::Head) => " V transposed, per head",
+                (true, _) => " V transposed",
+                (false, ScaleGroup::Head) => " per head",
+                _ => "",
+            };
             println!(
-                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}{}: {ms:.4} ms {gbps:.0} GB/s",
-                if channel { " V transposed, per channel" } else { "" }
+                "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}{what}: {ms:.4} ms {gbps:.0} GB/s"
             );
-            let variant = match (hadamard, smooth, channel) {
-                (_, _, true) => "quant_e4m3_v_channel",
-                (false, _, _) => "quant_e4m3",
-                (true, false, _) => "quant_e4m3_hadamard",
-                (true, true, _) => "quant_e4m3_hadamard_smooth",
+            let variant = match (hadamard, smooth, transpose, group) {
+                (_, _, true, ScaleGroup::Channel) => "quant_e4m3_v_channel",
+                (_, _, true, ScaleGroup::Head) => "quant_e4m3_v_head",
+                (_, _, true, _) => "quant_e4m3_v",
+                (_, _, false, ScaleGroup::Head) => "quant_e4m3_head",
+                (false, _, _, _) => "quant_e4m3",
+                (true, false, _, _) => "quant_e4m3_hadamard",
+                (true, true, _, _) => "quant_e4m3_hadamard_smooth",
             };
             rows.push(json!({"backend": "flash", "variant": variant, "dtype": "bf16",
                 "d": d, "n": 16384, "b": 1, "h": shape[2], "mode": "quantize", "ms": ms, "gbps": gbps}));
@@ -746,8 +755,18 @@ fn timing_attention_at(
         let mut codes = st.alloc_zeros::<u8>(b * n * h * d).map_err(drv)?;
         let mut scales = st.alloc_zeros::<f32>(b * h * blocks).map_err(drv)?;
         // (Q, K and V in rows for `v_layout: rows`: three of the non-transposing kernel.)
-        let (mut quant_ms, mut quant_rows_ms) = (0.0, 0.0);
-        for (transpose, times) in [(false, 2.0f32), (true, 1.0)] {
+        // The per-head kernels' quantisation (`perhead_n192+quant`): one scale per (batch,
+        // head), two launches each (block amaxes, then the codes), V transposed.
+        let (mut quant_ms, mut quant_rows_ms, mut quant_head_ms) = (0.0, 0.0, 0.0);
+        let groups: &[ScaleGroup] = if want("perhead_n192") {
+            &[ScaleGroup::Block, ScaleGroup::Head]
+        } else {
+            &[ScaleGroup::Block]
+        };
+        for (&group, (transpose, times)) in groups
+            .iter()
+            .flat_map(|g| [(g, (false, 2.0f32)), (g, (true, 1.0))])
+        {
             let q = QuantSpec {
                 input: DType::Bf16,
                 head_dim: d as u32,
@@ -755,7 +774,7 @@ fn timing_attention_at(
                 block_rows: 128,
                 hadamard: false,
                 transpose,
-                group: Default::default(),
+                group,
                 amax_pass: false,
                 smooth: false,
                 sum_pass: false,
@@ -765,6 +784,10 @@ fn timing_attention_at(
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
             let ms = rt.time_quantize(&kernel, &xt, None, &mut codes, &mut scales, (5, 20))?;
+            if group == ScaleGroup::Head {
+                quant_head_ms += times * ms;
+                continue;
+            }
             quant_ms += times * ms;
             if !transpose {
                 quant_rows_ms = 3.0 * ms;
@@ -896,6 +919,13 @@ fn timing_attention_at(
             .into_iter()
             .filter_map(|(v, d, ms)| ms.map(|ms| (v, d, ms)))
             .chain(ms_wide.map(|ms| (format!("fp8{tag}_perhead_n192"), "e4m3", ms)))
+            .chain(ms_wide.map(|ms| {
+                (
+                    format!("fp8{tag}_perhead_n192+quant"),
+                    "e4m3",
+                    ms + quant_head_ms,
+                )
+            }))
             .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows"), "e4m3", ms)))
             .chain(ms_rows.map(|ms| (format!("fp8{tag}_vrows+quant"), "e4m3", ms + quant_rows_ms)))
             {
