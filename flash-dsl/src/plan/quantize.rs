@@ -9,8 +9,9 @@
 //! (`cvt.rn.satfinite` for e4m3; int8 rounds to nearest even and clamps to ±127), with both
 //! divisions rounded to nearest.
 //!
-//! One block of 512 threads per (row block, head, batch); the rows sit in shared memory as f32
-//! while the rotation's stages run. Any GPU from sm_89 converts to fp8; the plan names the sm_90
+//! One block of 512 threads per (row block, head, batch); at head dims 64, 128 and 256 the rows
+//! stay in registers, a warp holding whole rows (`QuantSpec::in_registers`), elsewhere (and for
+//! the per-channel and smoothing-sum passes) they sit in shared memory as f32. Any GPU from sm_89 converts to fp8; the plan names the sm_90
 //! family (FP8 attention is a Hopper feature here).
 
 use serde::{Deserialize, Serialize};
@@ -136,11 +137,11 @@ pub const SIGNS_OPERAND: &str = "signs";
 /// head_dim]` f32: written by its first pass, read by the others.
 pub const COLSUM_OPERAND: &str = "colsum";
 
-/// Threads per block of the kernel.
-/// Threads a block: the block's rows sit in shared memory as f32 (64 KB at d 128, 128 KB at 256),
-/// so few blocks fit on an SM and each needs many loads in flight; 512 against 128 measured
-/// +46 % at d 128 and ×2.2 at d 256, the rotation +55 % and ×2.9 (H200, one call,
-/// `bench/results/ab-quant-threads/`).
+/// Threads a block. Chosen when the rows sat in shared memory as f32 (64 KB at d 128, 128 KB at
+/// 256), so few blocks fit on an SM and each needed many loads in flight: 512 against 128
+/// measured +46 % at d 128 and ×2.2 at d 256, the rotation +55 % and ×2.9 (H200, one call,
+/// `bench/results/ab-quant-threads/`). The register path (`QuantSpec::in_registers`) keeps 512:
+/// a warp a row, 8 rows a warp of a 128-row block (not re-tuned).
 const THREADS: u32 = 512;
 
 impl QuantSpec {
@@ -191,7 +192,7 @@ impl QuantSpec {
         if self.mean_pass && (!self.smooth || self.amax_pass || self.sum_pass) {
             return Err("the means pass belongs to a smoothing quantisation, alone".into());
         }
-        if self.hadamard && !self.head_dim.is_power_of_two() {
+        if self.hadamard && !matches!(self.head_dim, 64 | 128 | 256) {
             return Err(format!(
                 "the Hadamard rotation needs a power-of-two head dim (64, 128, 256); got {}",
                 self.head_dim
@@ -344,8 +345,9 @@ impl QuantSpec {
 /// let names: Vec<&str> = p.operands.iter().map(|o| o.name.as_str()).collect();
 /// assert_eq!(names, ["x", "codes", "scales", "signs"]);
 ///
-/// // The rotation needs a power-of-two head dim.
+/// // The rotation needs a head dim of 64, 128 or 256 (a warp's whole row, 2, 4 or 8 a lane).
 /// assert!(plan_quantize(&QuantSpec { head_dim: 96, ..q }).is_err());
+/// assert!(plan_quantize(&QuantSpec { head_dim: 32, ..q }).is_err());
 ///
 /// // int8 codes (Q and K of a `qk: int8` variant): round to nearest even and clamp to ±127
 /// // instead of an fp8 conversion.

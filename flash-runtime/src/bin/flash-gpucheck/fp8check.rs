@@ -23,10 +23,27 @@ fn run(
     signs: &[f32],
     n_scales: usize,
 ) -> Result<(Vec<u8>, Vec<f32>), FlashError> {
+    run_at(rt, q, bits, 0, shape, signs, n_scales)
+}
+
+/// [`run`] with the input starting `offset` elements into its buffer (an odd offset leaves it
+/// 2-byte aligned, which the launch refuses).
+fn run_at(
+    rt: &Runtime,
+    q: &QuantSpec,
+    bits: &[u16],
+    offset: usize,
+    shape: [usize; 4],
+    signs: &[f32],
+    n_scales: usize,
+) -> Result<(Vec<u8>, Vec<f32>), FlashError> {
     let st = rt.stream();
     let drv = |e| FlashError::Driver(format!("quantisation buffers: {e:?}"));
     let [b, s, h, d] = shape;
-    let x = st.clone_htod(bits).map_err(drv)?;
+    let padded: Vec<u16> = std::iter::repeat_n(0u16, offset)
+        .chain(bits.iter().copied())
+        .collect();
+    let x = st.clone_htod(&padded).map_err(drv)?;
     let blocks = s.div_ceil(q.block_rows as usize);
     let n_codes = if q.transpose {
         b * h * d * blocks * q.block_rows as usize
@@ -39,7 +56,13 @@ fn run(
         .map_err(drv)?;
     let dsigns = st.clone_htod(signs).map_err(drv)?;
     let kernel = rt.load_quantize(q)?;
-    let xt = TensorRef::new(&x, shape, st);
+    let xt = TensorRef::strided_at(
+        &x,
+        offset,
+        shape,
+        flash_runtime::launch::contiguous_strides(shape),
+        st,
+    );
     let signs = q.hadamard.then_some(&dsigns);
     rt.quantize(&kernel, &xt, signs, &mut codes, &mut scales)?;
     rt.synchronize()?;
@@ -180,6 +203,50 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                         }
                     }
                 }
+            }
+        }
+    }
+    // The input one element into its buffer (2-byte aligned rows): the launch refuses it with
+    // the address and the rule (the kernels' 16-byte loads), at each register-path head dim,
+    // plain, rotated, per head and transposed.
+    for (shape, hadamard, transpose, group) in [
+        ([1usize, 300, 3, 128], false, false, ScaleGroup::Block),
+        ([2, 129, 2, 64], true, false, ScaleGroup::Head),
+        ([1, 200, 2, 256], false, true, ScaleGroup::Block),
+        ([1, 77, 2, 128], true, true, ScaleGroup::Head),
+    ] {
+        n += 1;
+        let q = QuantSpec {
+            input: DType::Bf16,
+            head_dim: shape[3] as u32,
+            format: Fp8Format::E4m3,
+            block_rows: 128,
+            hadamard,
+            transpose,
+            group,
+            amax_pass: false,
+            smooth: false,
+            sum_pass: false,
+            mean_pass: false,
+            reduce_pass: false,
+        };
+        let bits = vec![DType::Bf16.to_bits(1.0); shape.iter().product()];
+        let signs = vec![1.0f32; shape[3]];
+        let n_scales = shape[0] * shape[2] * shape[1].div_ceil(128);
+        let label = format!(
+            "quant bf16 {shape:?} one element into its buffer, {group:?} hadamard {hadamard} transposed {transpose}"
+        );
+        match run_at(rt, &q, &bits, 1, shape, &signs, n_scales) {
+            Err(e) if e.to_string().contains("must be 16-byte aligned") => {
+                println!("ok   {label}: refused ({e})")
+            }
+            Err(e) => {
+                fails += 1;
+                println!("FAIL {label}: refused with another error: {e}");
+            }
+            Ok(_) => {
+                fails += 1;
+                println!("FAIL {label}: launched on a misaligned input");
             }
         }
     }
