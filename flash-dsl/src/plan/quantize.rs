@@ -145,6 +145,26 @@ pub const COLSUM_OPERAND: &str = "colsum";
 const THREADS: u32 = 512;
 
 impl QuantSpec {
+    /// The codes of `input` in `format` with one scale per block of `block_rows` positions:
+    /// not rotated, transposed or smoothed, and not one of the first passes. Other groupings
+    /// and options by struct update, e.g. `QuantSpec { group: ScaleGroup::Head, ..q }`.
+    pub fn new(input: DType, head_dim: u32, format: Fp8Format, block_rows: u32) -> QuantSpec {
+        QuantSpec {
+            input,
+            head_dim,
+            format,
+            block_rows,
+            hadamard: false,
+            transpose: false,
+            group: ScaleGroup::Block,
+            amax_pass: false,
+            smooth: false,
+            sum_pass: false,
+            mean_pass: false,
+            reduce_pass: false,
+        }
+    }
+
     /// The checks of a quantisation kernel's configuration, each naming the value and the rule.
     pub fn check(&self) -> Result<(), String> {
         if !matches!(self.block_rows, 64 | 128) {

@@ -116,18 +116,11 @@ pub fn cmd_quantize(a: &QuantizeArgs) -> Result<ExitCode, FlashError> {
         ))
     })?;
     let q = QuantSpec {
-        input,
-        head_dim: shape[3] as u32,
-        format,
-        block_rows: a.block_rows,
         hadamard: a.hadamard_seed.is_some(),
         transpose: a.transpose,
         group,
-        amax_pass: false,
         smooth: a.smooth,
-        sum_pass: false,
-        mean_pass: false,
-        reduce_pass: false,
+        ..QuantSpec::new(input, shape[3] as u32, format, a.block_rows)
     };
     q.check().map_err(invalid)?;
     let [b, s, h, d] = shape;

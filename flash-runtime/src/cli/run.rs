@@ -663,18 +663,10 @@ fn run_fp8(
             .alloc_zeros::<f32>(n_scales.max(1))
             .map_err(drv("allocating fp8 scales"))?;
         let qspec = QuantSpec {
-            input: DType::Bf16,
-            head_dim: d as u32,
-            format,
-            block_rows: block as u32,
             hadamard: rotate,
             transpose,
             group,
-            amax_pass: false,
-            smooth: false,
-            sum_pass: false,
-            mean_pass: false,
-            reduce_pass: false,
+            ..QuantSpec::new(DType::Bf16, d as u32, format, block as u32)
         };
         let qk = rt.load_quantize(&qspec)?;
         rt.quantize(

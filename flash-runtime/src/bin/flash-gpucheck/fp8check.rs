@@ -120,18 +120,11 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
                     seed += 1;
                     n += 1;
                     let q = QuantSpec {
-                        input,
-                        head_dim: shape[3] as u32,
-                        format,
-                        block_rows,
                         hadamard,
                         transpose,
                         group,
-                        amax_pass: false,
                         smooth,
-                        sum_pass: false,
-                        mean_pass: false,
-                        reduce_pass: false,
+                        ..QuantSpec::new(input, shape[3] as u32, format, block_rows)
                     };
                     let len: usize = shape.iter().product();
                     // The last shape's second batch element is tiny (1e-37: `448 / amax`
@@ -217,18 +210,10 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
     ] {
         n += 1;
         let q = QuantSpec {
-            input: DType::Bf16,
-            head_dim: shape[3] as u32,
-            format: Fp8Format::E4m3,
-            block_rows: 128,
             hadamard,
             transpose,
             group,
-            amax_pass: false,
-            smooth: false,
-            sum_pass: false,
-            mean_pass: false,
-            reduce_pass: false,
+            ..QuantSpec::new(DType::Bf16, shape[3] as u32, Fp8Format::E4m3, 128)
         };
         let bits = vec![DType::Bf16.to_bits(1.0); shape.iter().product()];
         let signs = vec![1.0f32; shape[3]];
@@ -267,20 +252,7 @@ pub fn check_quantize(rt: &Runtime) -> (usize, usize) {
         for (what, vals) in [("ties", &ties), ("inf/NaN", &specials)] {
             n += 1;
             let shape = [1usize, 1, 1, 64];
-            let q = QuantSpec {
-                input: DType::Bf16,
-                head_dim: 64,
-                format,
-                block_rows: 64,
-                hadamard: false,
-                transpose: false,
-                group: ScaleGroup::Block,
-                amax_pass: false,
-                smooth: false,
-                sum_pass: false,
-                mean_pass: false,
-                reduce_pass: false,
-            };
+            let q = QuantSpec::new(DType::Bf16, 64, format, 64);
             let bits: Vec<u16> = vals.iter().map(|&v| DType::Bf16.to_bits(v)).collect();
             let x: Vec<f32> = bits
                 .iter()
@@ -347,18 +319,11 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
             (false, false, true, ScaleGroup::Head),
         ] {
             let q = QuantSpec {
-                input: DType::Bf16,
-                head_dim: d as u32,
-                format: Fp8Format::E4m3,
-                block_rows: 128,
                 hadamard,
                 transpose,
                 group,
-                amax_pass: false,
                 smooth,
-                sum_pass: false,
-                mean_pass: false,
-                reduce_pass: false,
+                ..QuantSpec::new(DType::Bf16, d as u32, Fp8Format::E4m3, 128)
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&x, shape, st);
@@ -835,18 +800,9 @@ fn timing_attention_at(
             .flat_map(|g| [(g, (false, 2.0f32)), (g, (true, 1.0))])
         {
             let q = QuantSpec {
-                input: DType::Bf16,
-                head_dim: d as u32,
-                format: Fp8Format::E4m3,
-                block_rows: 128,
-                hadamard: false,
                 transpose,
                 group,
-                amax_pass: false,
-                smooth: false,
-                sum_pass: false,
-                mean_pass: false,
-                reduce_pass: false,
+                ..QuantSpec::new(DType::Bf16, d as u32, Fp8Format::E4m3, 128)
             };
             let kernel = rt.load_quantize(&q)?;
             let xt = TensorRef::new(&xb, [b, n, h, d], st);
