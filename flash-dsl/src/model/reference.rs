@@ -246,6 +246,7 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
         p,
         PlainRounding {
             input: round,
+            dot: dot_f32,
             score: round,
             p: round,
             out: round,
@@ -259,6 +260,9 @@ pub fn forward_lowp(spec: &VariantSpec, p: &Problem, round: fn(f32) -> f32) -> O
 /// output.
 struct PlainRounding {
     input: fn(f32) -> f32,
+    /// Q·Kᵀ of one query row and one key row: [`dot_f32`], or how an e4m3 tensor core sums it
+    /// ([`dot_e4m3_tensor_core`]).
+    dot: fn(&[f32], &[f32]) -> f32,
     score: fn(f32) -> f32,
     p: fn(f32) -> f32,
     out: fn(f32) -> f32,
@@ -273,6 +277,7 @@ struct PlainRounding {
 fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
     let PlainRounding {
         input: round,
+        dot,
         score: round_s,
         p: round_p,
         out: round_out,
@@ -304,7 +309,7 @@ fn forward_plain(spec: &VariantSpec, p: &Problem, r: PlainRounding) -> Output {
                 scores.clear();
                 for (j, mut pt) in visible_keys(&env, p.seq_k, b, h, i) {
                     let krow = &k[Problem::row(b, j, kvh, p.seq_k, p.heads_kv, dqk)..][..dqk];
-                    let s = round_s(qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>());
+                    let s = round_s(dot(qrow, krow));
                     let s = if spec.score.is_some() {
                         pt.s = s as f64;
                         round_s(env.score(&pt) as f32)
@@ -392,6 +397,64 @@ pub fn forward_fp8_tiled(spec: &VariantSpec, p: &Problem, block_n: usize) -> Out
     forward_plain(spec, p, fp8_rounding(spec, Some(block_n)))
 }
 
+/// [`forward_fp8_tiled`] with Q·Kᵀ summed as an fp8 tensor core sums it where Q and K are e4m3
+/// codes ([`dot_e4m3_tensor_core`]; int8 codes sum exactly on the integer tensor cores, and
+/// keep [`dot_f32`]): the plain same-precision implementation of an fp8 forward on Hopper,
+/// whose products any fp8 implementation runs there. Its LSE carries the accumulator's error —
+/// with outliers 10⁻⁴-10⁻³ relative where f32 sums give 10⁻⁷ — which the GPU check's LSE rule
+/// measures the kernel against.
+pub fn forward_fp8_tensor_core(spec: &VariantSpec, p: &Problem, block_n: usize) -> Output {
+    let mut r = fp8_rounding(spec, Some(block_n));
+    if spec
+        .fp8
+        .is_some_and(|f| f.qk_format == crate::fp8::Fp8Format::E4m3)
+    {
+        r.dot = dot_e4m3_tensor_core;
+    }
+    forward_plain(spec, p, r)
+}
+
+/// A dot product summed in f32, in order (the plain implementations' Q·Kᵀ).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// A dot product as Hopper's fp8 tensor cores sum it, as a model: 32 products an instruction
+/// (the k extent of an e4m3 `wgmma` or `mma`) added to the running sum in an accumulator of 13
+/// fraction bits (e8m13, the FP22 format reported for these units), every term — the products
+/// and the running sum — cut toward zero at the 13th fraction bit of the largest of them, and
+/// the sum cut to 13 fraction bits again. The products themselves are exact (e4m3 × e4m3 needs
+/// 8 bits); here they are the dequantised inputs' (codes times scales), whose cuts fall where
+/// the codes' would up to the scales' mantissas. What it models is the size of the error — a
+/// small product beside a large one (an outlier) losing its low bits — not the unit's exact
+/// bits, which are not documented.
+pub fn dot_e4m3_tensor_core(a: &[f32], b: &[f32]) -> f32 {
+    const FRACTION_BITS: i32 = 13;
+    let cut = |x: f64, unit: f64| (x / unit).trunc() * unit;
+    let unit_of = |m: f64| 2f64.powi(m.log2().floor() as i32 - FRACTION_BITS);
+    let mut acc = 0f64;
+    for (ca, cb) in a.chunks(32).zip(b.chunks(32)) {
+        let largest = ca
+            .iter()
+            .zip(cb)
+            .fold(acc.abs(), |m, (&x, &y)| m.max((x as f64 * y as f64).abs()));
+        if largest == 0.0 {
+            continue;
+        }
+        // Exact in f64: at most 33 multiples of `unit`, each below 2¹⁴ units.
+        let unit = unit_of(largest);
+        acc = cut(acc, unit)
+            + ca.iter()
+                .zip(cb)
+                .map(|(&x, &y)| cut(x as f64 * y as f64, unit))
+                .sum::<f64>();
+        if acc != 0.0 {
+            acc = cut(acc, unit_of(acc.abs()));
+        }
+    }
+    acc as f32
+}
+
 fn fp8_rounding(spec: &VariantSpec, tiles: Option<usize>) -> PlainRounding {
     fn e4m3_p(w: f32) -> f32 {
         let f = crate::fp8::Fp8Format::E4m3;
@@ -400,6 +463,7 @@ fn fp8_rounding(spec: &VariantSpec, tiles: Option<usize>) -> PlainRounding {
     let v_bf16 = spec.fp8.is_some_and(|f| f.v_bf16);
     PlainRounding {
         input: |x| x,
+        dot: dot_f32,
         score: |x| x,
         p: if v_bf16 { round_bf16 } else { e4m3_p },
         out: rounding(spec.dtype),
@@ -523,6 +587,7 @@ mod tests {
             assert!(max_abs_diff(&tiled.lse, &exact.lse) < 1e-5);
             let exact_p = PlainRounding {
                 input: |x| x,
+                dot: dot_f32,
                 score: |x| x,
                 p: |x| x,
                 out: |x| x,
@@ -530,6 +595,53 @@ mod tests {
             };
             let unrounded = forward_plain(&spec, &p, exact_p);
             assert!(max_abs_diff(&unrounded.o, &exact.o) < 1e-5);
+        }
+    }
+
+    /// The tensor-core model: exact while every term keeps its bits, a small product beside a
+    /// large one cut at the large one's 13th fraction bit (f32 keeps it), the running sum taking
+    /// part in the cut; and an fp8 plain forward through it: int8 Q·Kᵀ unchanged (exact on the
+    /// integer tensor cores), e4m3 Q·Kᵀ off float64 in the LSE by more than the f32 sums, and
+    /// still close.
+    #[test]
+    fn tensor_core_dot_cuts_small_terms_beside_large_ones() {
+        let small = [3.0f32, -5.0, 0.5, 7.25];
+        assert_eq!(dot_e4m3_tensor_core(&small, &[1.0; 4]), 5.75);
+        // 2¹⁴ beside 1: the unit is 2, the 1 is lost; f32 keeps it.
+        let (a, b) = ([128.0f32, 1.0], [128.0f32, 1.0]);
+        assert_eq!(dot_e4m3_tensor_core(&a, &b), 16384.0);
+        assert_eq!(dot_f32(&a, &b), 16385.0);
+        // 40 ones then 2¹⁴ in the next instruction: the first 32 sum exactly; in the second
+        // the unit is 2, each of its eight ones is lost and the running sum is cut to even.
+        let mut x = vec![1.0f32; 41];
+        x.extend([0.0f32; 23]);
+        let mut y = vec![1.0f32; 40];
+        y.push(16384.0);
+        y.extend([0.0f32; 23]);
+        assert_eq!(dot_e4m3_tensor_core(&x, &y), 16384.0 + 32.0);
+        x[0] = 0.0; // a running sum of 31 → 30
+        assert_eq!(dot_e4m3_tensor_core(&x, &y), 16384.0 + 30.0);
+        assert_eq!(dot_f32(&x, &y), 16384.0 + 39.0);
+
+        let e4m3 = crate::parse::parse_str("V { head_dim: 64, dtype: e4m3, scales: per_head }")
+            .unwrap()
+            .remove(0);
+        let int8 =
+            crate::parse::parse_str("V { head_dim: 64, dtype: e4m3, qk: int8, scales: per_head }")
+                .unwrap()
+                .remove(0);
+        for spec in [&e4m3, &int8] {
+            let p = Problem::random(spec, 1, 2, 2, 100, 300, ParamValues::none(), 5);
+            let exact = forward(spec, &p);
+            let f32_sums = forward_fp8_tiled(spec, &p, 128);
+            let tc = forward_fp8_tensor_core(spec, &p, 128);
+            let lse_f32 = max_abs_diff(&f32_sums.lse, &exact.lse);
+            let lse_tc = max_abs_diff(&tc.lse, &exact.lse);
+            if spec.fp8.unwrap().qk_format == crate::fp8::Fp8Format::Int8 {
+                assert_eq!(tc.lse, f32_sums.lse);
+            } else {
+                assert!(lse_tc > lse_f32 && lse_tc < 1e-2, "{lse_tc} vs {lse_f32}");
+            }
         }
     }
 

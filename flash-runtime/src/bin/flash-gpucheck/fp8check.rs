@@ -522,6 +522,34 @@ fn cfg_tag(cfg: &flash_dsl::TileConfig) -> String {
     }
 }
 
+/// How far the LSE may be off (relative) where Q·Kᵀ runs on the e4m3 tensor cores: about twice
+/// the largest error of the plain same-precision implementation there — the plain one with
+/// Q·Kᵀ summed as those units sum it (`reference::forward_fp8_tensor_core`: 13 fraction bits
+/// while summing, a small product beside an outlier losing its low bits) — on the check's
+/// inputs, 2.32·10⁻³ (`Fp8Causal`, 2048 keys, outliers; 2026-11-29). The kernels' largest over
+/// the 720 cases of that day: 2.06·10⁻³ (`Fp8Causal256VChannel`), which crossed the bound of
+/// 2·10⁻³ set before from the first run's worst case.
+const LSE_TOL_E4M3: f64 = 4e-3;
+
+/// The same where Q·Kᵀ runs on the integer tensor cores (exact sums): the f32 softmax's and
+/// score hooks' error alone, at most 8.9·10⁻⁶ over the 720 cases of 2026-11-29 (softcap), 10⁻⁷
+/// for most. (It was 2·10⁻³ for every kernel before.)
+const LSE_TOL_INT8: f64 = 2e-5;
+
+/// The largest relative error of an LSE against float64's (`max(|want|, 1)` below 1): rows
+/// that see no key must be −inf in both.
+fn lse_rel_err(got: &[f64], want: &[f64]) -> f64 {
+    got.iter().zip(want).fold(0.0f64, |e, (&g, &w)| {
+        if w.is_finite() {
+            e.max((g - w).abs() / w.abs().max(1.0))
+        } else if g != w {
+            f64::INFINITY
+        } else {
+            e
+        }
+    })
+}
+
 /// One case of [`check_attention`]: the kernel's O and LSE against the float64 attention of the
 /// dequantised inputs in `p`, by the rule described there; (passed, the printed line).
 fn judge_fp8(
@@ -534,28 +562,24 @@ fn judge_fp8(
 ) -> (bool, String) {
     use flash_dsl::model::reference;
     let ref64 = reference::forward(spec, p);
-    // The baseline: the plain fp8 implementation with P rounded where a flash kernel rounds it
-    // (the kernel's tiles of `tile_keys` keys, relative to the running max). The plain implementation that rounds
-    // the normalised P instead is printed beside it: the two differ only in that point, and on
-    // inputs with outliers their largest errors, each one rounding of one large probability
-    // times one large V entry, spread past 2× either way (`06_fp8_rule_spread`).
+    // O's baseline: the plain fp8 implementation (f32 sums) with P rounded where a flash kernel
+    // rounds it (the kernel's tiles of `tile_keys` keys, relative to the running max). The plain
+    // implementation that rounds the normalised P instead differs only in that point; on inputs
+    // with outliers their largest errors spread past 2× either way (`06_fp8_rule_spread`).
     let tiled = reference::forward_fp8_tiled(spec, p, tile_keys);
     let err_plain = reference::max_abs_diff(&tiled.o, &ref64.o);
     let err = reference::max_abs_diff(o, &ref64.o);
     let normalised = reference::forward_fp8_plain(spec, p);
     let err_normalised = reference::max_abs_diff(&normalised.o, &ref64.o);
     let nan = o.iter().chain(lse).filter(|x| x.is_nan()).count();
-    let mut lse_err: f64 = 0.0;
-    for (&got, &want) in lse.iter().zip(&ref64.lse) {
-        if want.is_finite() {
-            lse_err = lse_err.max((got - want).abs() / want.abs().max(1.0));
-        } else if got != want {
-            lse_err = f64::INFINITY;
-        }
-    }
-    let ok = nan == 0 && err <= 2.0 * err_plain + 1e-6 && lse_err <= 2e-3;
+    let lse_err = lse_rel_err(lse, &ref64.lse);
+    let e4m3_qk = spec
+        .fp8
+        .is_some_and(|f| f.qk_format == flash_dsl::fp8::Fp8Format::E4m3);
+    let lse_tol = if e4m3_qk { LSE_TOL_E4M3 } else { LSE_TOL_INT8 };
+    let ok = nan == 0 && err <= 2.0 * err_plain + 1e-6 && lse_err <= lse_tol;
     let line = format!(
-        "{} {label}: max err {err:.3e} vs plain fp8 {err_plain:.3e} (bound {:.3e}); lse rel err {lse_err:.2e}; NaN {nan}; plain fp8 with P normalised {err_normalised:.3e}",
+        "{} {label}: max err {err:.3e} vs plain fp8 {err_plain:.3e} (bound {:.3e}); lse rel err {lse_err:.2e} (bound {lse_tol:.0e}); NaN {nan}; plain fp8 with P normalised {err_normalised:.3e}",
         if ok { "ok  " } else { "FAIL" },
         2.0 * err_plain + 1e-6
     );
@@ -563,14 +587,13 @@ fn judge_fp8(
 }
 
 /// The fp8 forward of each variant of [`FP8_SOURCE`] against the float64 attention of the
-/// dequantised inputs, by FlashAttention's rule: its largest error at most twice that of the
+/// dequantised inputs, by FlashAttention's rule: O's largest error at most twice that of the
 /// plain fp8 implementation (`reference::forward_fp8_tiled`: f32 arithmetic, P rounded to e4m3
-/// ×256 where a flash kernel rounds it, per tile of 128 keys relative to the running max; the
-/// error of `reference::forward_fp8_plain`, which rounds the normalised P, is printed beside
-/// it) plus 1e-6, the LSE within 2e-3 (relative; the bf16 checks' 1e-3 doubled: the fp8
-/// tensor cores sum Q·Kᵀ with fewer bits than f32, and with outliers the largest scores — and
-/// so the LSE — carry that, 1.0e-3 on the first run's worst case), no NaN. Also prints the error against the
-/// attention of the unquantised inputs (quantisation and kernel together). Odd sizes, GQA,
+/// ×256 where a flash kernel rounds it, per tile of the kernel's keys relative to the running
+/// max; the error of `reference::forward_fp8_plain`, which rounds the normalised P, is printed
+/// beside it) plus 1e-6; the LSE within [`LSE_TOL_E4M3`] (relative) where Q·Kᵀ runs on the
+/// e4m3 tensor cores — whose 13-bit sums put ~10⁻³ into the LSE on inputs with outliers —
+/// and within [`LSE_TOL_INT8`] where it runs on the integer ones; no NaN. Odd sizes, GQA,
 /// seq_q ≠ seq_k, normal inputs and inputs with outliers.
 pub fn check_attention(rt: &Runtime) -> (usize, usize) {
     use flash_dsl::model::reference::Problem;
