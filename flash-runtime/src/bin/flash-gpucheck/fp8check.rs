@@ -522,13 +522,15 @@ fn cfg_tag(cfg: &flash_dsl::TileConfig) -> String {
     }
 }
 
-/// How far the LSE may be off (relative) where Q·Kᵀ runs on the e4m3 tensor cores: about twice
-/// the largest error of the plain same-precision implementation there — the plain one with
-/// Q·Kᵀ summed as those units sum it (`reference::forward_fp8_tensor_core`: 13 fraction bits
-/// while summing, a small product beside an outlier losing its low bits) — on the check's
-/// inputs, 2.32·10⁻³ (`Fp8Causal`, 2048 keys, outliers; 2026-11-29). The kernels' largest over
-/// the 720 cases of that day: 2.06·10⁻³ (`Fp8Causal256VChannel`), which crossed the bound of
-/// 2·10⁻³ set before from the first run's worst case.
+/// How far the LSE may be off (relative) where Q·Kᵀ runs on the e4m3 tensor cores. The plain
+/// same-precision implementation there — Q·Kᵀ summed as those units sum it
+/// (`reference::forward_fp8_tensor_core`: 13 fraction bits while summing, a small product
+/// beside an outlier losing its low bits) — is off by up to 2.32·10⁻³ on the check's inputs
+/// (`Fp8Causal`, 2048 keys, outliers; 570 of the 720 cases of 2026-11-29, the rest cut by the
+/// call's time limit); the kernels, by up to 2.06·10⁻³ over all 720 (`Fp8Causal256VChannel`,
+/// past the bound of 2·10⁻³ set before from the first run's worst case). 4·10⁻³ is 1.7× the
+/// former and 1.9× the latter. The model is not a per-case baseline: it gets the error's size,
+/// not which bits the unit drops (one case read 2.5× the model's own draw).
 const LSE_TOL_E4M3: f64 = 4e-3;
 
 /// The same where Q·Kᵀ runs on the integer tensor cores (exact sums): the f32 softmax's and
@@ -540,7 +542,9 @@ const LSE_TOL_INT8: f64 = 2e-5;
 /// that see no key must be −inf in both.
 fn lse_rel_err(got: &[f64], want: &[f64]) -> f64 {
     got.iter().zip(want).fold(0.0f64, |e, (&g, &w)| {
-        if w.is_finite() {
+        if g.is_nan() {
+            f64::INFINITY
+        } else if w.is_finite() {
             e.max((g - w).abs() / w.abs().max(1.0))
         } else if g != w {
             f64::INFINITY
