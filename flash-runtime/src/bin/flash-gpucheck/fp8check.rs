@@ -309,15 +309,18 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
         // per-channel ones (three: the blocks' column amaxes, their reduction, the codes), and
         // one scale per head, plain and V transposed (two: the block amaxes, the codes); the
         // bytes counted are the codes kernel's alone.
-        for (hadamard, smooth, transpose, group) in [
-            (false, false, false, ScaleGroup::Block),
-            (true, false, false, ScaleGroup::Block),
-            (true, true, false, ScaleGroup::Block),
-            (false, false, true, ScaleGroup::Block),
-            (false, false, true, ScaleGroup::Channel),
-            (false, false, false, ScaleGroup::Head),
-            (false, false, true, ScaleGroup::Head),
-        ] {
+        // (rotated, smoothed, transposed, scale group, what the line adds, the JSON variant)
+        #[rustfmt::skip]
+        let cases = [
+            (false, false, false, ScaleGroup::Block, "", "quant_e4m3"),
+            (true, false, false, ScaleGroup::Block, "", "quant_e4m3_hadamard"),
+            (true, true, false, ScaleGroup::Block, "", "quant_e4m3_hadamard_smooth"),
+            (false, false, true, ScaleGroup::Block, " V transposed", "quant_e4m3_v"),
+            (false, false, true, ScaleGroup::Channel, " V transposed, per channel", "quant_e4m3_v_channel"),
+            (false, false, false, ScaleGroup::Head, " per head", "quant_e4m3_head"),
+            (false, false, true, ScaleGroup::Head, " V transposed, per head", "quant_e4m3_v_head"),
+        ];
+        for (hadamard, smooth, transpose, group, what, variant) in cases {
             let q = QuantSpec {
                 hadamard,
                 transpose,
@@ -336,25 +339,9 @@ pub fn timing_quantize(rt: &Runtime, rows: &mut Vec<Value>) -> Result<(), FlashE
                 (5, 30),
             )?;
             let gbps = (len * 3) as f64 / ms as f64 / 1e6;
-            let what = match (transpose, group) {
-                (true, ScaleGroup::Channel) => " V transposed, per channel",
-                (true, ScaleGroup::Head) => " V transposed, per head",
-                (true, _) => " V transposed",
-                (false, ScaleGroup::Head) => " per head",
-                _ => "",
-            };
             println!(
                 "quant bf16->e4m3 {shape:?} rows 128 hadamard {hadamard} smooth {smooth}{what}: {ms:.4} ms {gbps:.0} GB/s"
             );
-            let variant = match (hadamard, smooth, transpose, group) {
-                (_, _, true, ScaleGroup::Channel) => "quant_e4m3_v_channel",
-                (_, _, true, ScaleGroup::Head) => "quant_e4m3_v_head",
-                (_, _, true, _) => "quant_e4m3_v",
-                (_, _, false, ScaleGroup::Head) => "quant_e4m3_head",
-                (false, _, _, _) => "quant_e4m3",
-                (true, false, _, _) => "quant_e4m3_hadamard",
-                (true, true, _, _) => "quant_e4m3_hadamard_smooth",
-            };
             rows.push(json!({"backend": "flash", "variant": variant, "dtype": "bf16",
                 "d": d, "n": 16384, "b": 1, "h": shape[2], "mode": "quantize", "ms": ms, "gbps": gbps}));
         }
